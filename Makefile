@@ -1,0 +1,25 @@
+# The two commands of the README, and the pieces they are made of.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
+export DS_ACCELERATOR ?= cpu
+
+.PHONY: setup demo test test-algo bench lint
+
+setup:            ## build .venv from scratch (fast no-op when up to date)
+	bash scripts/setup.sh
+
+demo: setup       ## set up, then run the DAPO demo on a tiny model on a local Ray cluster
+	$(VENV)/bin/dapo-ray check --config workflows/configs/tiny_cpu.yaml
+
+test: setup       ## set up, then run the whole test suite
+	$(PY) -m pytest tests
+
+test-algo:        ## the pure algorithm tier only (seconds)
+	$(PY) -m pytest tests/algo -q
+
+bench:            ## benchmarks that print figures beside their baselines
+	$(PY) bench/verifier.py
+
+lint:
+	$(VENV)/bin/ruff check dapo_ray tests bench workflows

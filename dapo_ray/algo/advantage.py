@@ -1,0 +1,36 @@
+"""Group-relative advantages (DAPO Eq. 4 / Eq. 9; GRPO).
+
+For the G responses to one prompt with rewards R_1..R_G:
+
+    A_i = (R_i - mean(R)) / (std(R) + eps)
+
+and every token of response i gets A_i. There is no value model and no KL term (section 2.3).
+
+Choices, documented because they change numbers:
+* `std` is the unbiased sample std (divides by G - 1), as `torch.std` in verl's GRPO; pass
+  `unbiased=False` for the population std.
+* `eps = 1e-6` as in verl; it keeps a group of identical rewards (std 0) at A = 0.
+* `scale_by_std=False` gives the mean-centred advantage only (Dr. GRPO's variant).
+
+Example: rewards [1, -1, -1, -1] -> mean -0.5, unbiased std 1.0 -> A = [1.5, -0.5, -0.5, -0.5].
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+def group_advantages(
+    rewards_G: Sequence[float], eps: float = 1e-6, unbiased: bool = True, scale_by_std: bool = True
+) -> list[float]:
+    """Advantages for one group of G >= 2 rewards."""
+    g = len(rewards_G)
+    if g < 2:
+        raise ValueError(f"a group needs at least 2 responses to have a baseline, got {g}")
+    mean = sum(rewards_G) / g
+    if not scale_by_std:
+        return [r - mean for r in rewards_G]
+    var = sum((r - mean) ** 2 for r in rewards_G) / (g - 1 if unbiased else g)
+    std = math.sqrt(var)
+    return [(r - mean) / (std + eps) for r in rewards_G]

@@ -1,0 +1,405 @@
+"""One typed, frozen config tree, loaded from YAML and overridden by `a.b=c` arguments, validated once.
+
+    cfg = load_config("workflows/configs/tiny_cpu.yaml", ["algorithm.eps_high=0.2", "trainer.lr=1e-5"])
+
+Every DAPO technique is a switch in `algorithm`, so the paper's ablation ladder (Table 1) is a list of
+overrides (see README). Sizes that follow from others (responses per step, gradient updates per step)
+are properties, never stored. Errors name the key and, where there is a fixed set, the valid choices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A config file or override is wrong; the message names the key."""
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    flavour: Literal["short", "reasoning"] = "short"
+    """`short`: the answer line only; `reasoning`: a worked scratchpad before the `Answer:` line."""
+    num_terms: int = 2
+    """Operands per problem (difficulty)."""
+    min_operand: int = 0
+    """Smallest operand."""
+    max_operand: int = 99
+    """Largest operand (difficulty)."""
+    operators: str = "+"
+    """Operators to draw from, a subset of `+-*`."""
+    num_train: int = 4096
+    """Training problems generated."""
+    num_eval: int = 64
+    """Held-out evaluation problems generated (disjoint from training ones)."""
+    seed: int = 0
+    """Seed of the generator; the same seed gives the same problems."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    source: Literal["files", "synthetic"] = "files"
+    """Where training prompts come from: `train_files`, or the synthetic arithmetic generator."""
+    train_files: tuple[str, ...] = ()
+    """Parquet (verl/DAPO schema) or jsonl (`problem`/`answer`) files of training prompts."""
+    template: Literal["dapo", "none"] = "dapo"
+    """`dapo`: wrap bare problems in the DAPO instruction template; `none`: use the text as it is."""
+    dedupe: bool = True
+    """Drop rows whose prompt text was already seen (the DAPO-Math-17k release is ~100x duplicated)."""
+    on_bad_row: Literal["error", "skip"] = "error"
+    """A malformed row: stop with its file and row number, or skip it and count it."""
+    shuffle: bool = True
+    """Shuffle training prompts each epoch."""
+    seed: int = 42
+    """Seed of the shuffle."""
+    max_prompt_length: int = 2048
+    """Prompts longer than this many tokens are dropped (and counted)."""
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    """The synthetic task, used when `source: synthetic` and by the CPU demo."""
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    model_path: str = ""
+    """A local HF model directory (no hub downloads here)."""
+    n: int = 16
+    """Responses sampled per prompt: the group size G."""
+    temperature: float = 1.0
+    """Sampling temperature during training."""
+    top_p: float = 1.0
+    """Nucleus sampling during training."""
+    max_response_length: int = 20480
+    """L_max: generation stops (truncated) after this many tokens."""
+    num_replicas: int = 1
+    """vLLM replicas at start; autoscaling moves between `min_replicas` and `max_replicas`."""
+    min_replicas: int = 1
+    """Fewest replicas autoscaling may keep."""
+    max_replicas: int = 1
+    """Most replicas autoscaling may start (= min_replicas: fixed size)."""
+    tensor_parallel_size: int = 1
+    """GPUs per replica."""
+    gpu_memory_utilization: float = 0.85
+    """vLLM's share of GPU memory (GPU only)."""
+    cpu_kvcache_space_gib: int = 1
+    """KV-cache size of the CPU engine, GiB (VLLM_CPU_KVCACHE_SPACE)."""
+    enforce_eager: bool = False
+    """Disable CUDA graphs / compilation (set true on CPU)."""
+    cpus_per_replica: int = 1
+    """Logical CPUs reserved by each replica."""
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    mode: Literal["dapo", "dapo_strict", "math_verify"] = "dapo"
+    """Answer checker: DAPO's string match (+ documented fixes), verbatim DAPO, or Math-Verify."""
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    eps_low: float = 0.2
+    """Lower clip range: ratio >= 1 - eps_low (Eq. 10)."""
+    eps_high: float = 0.28
+    """Upper clip range, Clip-Higher (Eq. 10); set equal to eps_low to switch it off."""
+    clip_ratio_c: float | None = 10.0
+    """Dual-clip bound for negative advantages (verl); null switches it off."""
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
+    """Token-level loss (Eq. 12, `token-mean`) or GRPO's per-sample mean (`seq-mean-token-mean`)."""
+    overlong_filter: bool = True
+    """Mask truncated responses out of the loss (section 3.4)."""
+    soft_overlong: bool = True
+    """Soft overlong punishment (Eq. 13), added to the correctness reward."""
+    overlong_cache_length: int = 4096
+    """L_cache of Eq. 13: the penalty ramps over the last this-many tokens before L_max."""
+    overlong_penalty_factor: float = 1.0
+    """Scale of the soft overlong penalty (1.0 in the paper)."""
+    dynamic_sampling: bool = True
+    """Keep only groups with 0 < #correct < G and refill the batch (Eq. 11)."""
+    max_gen_rounds: int = 10
+    """Cap on generation rounds per step when dynamic sampling is on."""
+    on_cap: Literal["train_partial", "stop"] = "train_partial"
+    """At the cap: train on the groups kept so far, or stop training with a message."""
+    carry_over: bool = True
+    """Keep surplus kept groups for the next step instead of discarding them."""
+    kl_coef: float = 0.0
+    """KL penalty to the initial policy; DAPO removes it (section 2.3), so 0."""
+    adv_eps: float = 1e-6
+    """Epsilon added to the group std in the advantage (Eq. 9)."""
+    adv_std_unbiased: bool = True
+    """Unbiased (G-1) group std, as torch.std in verl; false for the population std."""
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    train_batch_size: int = 512
+    """Prompts (kept groups) per RL step."""
+    gen_batch_size: int = 1536
+    """Prompts generated per round (more than train_batch_size, since dynamic sampling drops some)."""
+    mini_batch_size: int = 512
+    """Responses per gradient update; train_batch_size * n / mini_batch_size updates per step."""
+    micro_batch_size: int = 8
+    """Responses per forward/backward on one worker (memory only: the loss does not depend on it)."""
+    ppo_epochs: int = 1
+    """Passes over each step's batch."""
+    lr: float = 1e-6
+    """AdamW learning rate, constant after warm-up."""
+    warmup_steps: int = 20
+    """Linear learning-rate warm-up, in RL steps."""
+    weight_decay: float = 0.1
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    grad_clip: float = 1.0
+    """Gradient-norm clip."""
+    total_steps: int = 100
+    """RL steps to run."""
+    num_workers: int = 1
+    """Ray Train workers (data-parallel ranks)."""
+    use_gpu: bool = False
+    """Train on GPUs (NCCL) instead of CPUs (gloo)."""
+    zero_stage: Literal[0, 1, 2, 3] = 1
+    """DeepSpeed ZeRO stage."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Parameter / compute dtype of the trainer."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+    save_every: int = 10
+    """Checkpoint every this many steps (0: only at the end)."""
+    output_dir: str = "runs"
+    """Where runs, checkpoints and the final model go."""
+    seed: int = 1
+    """Seed of model init, sampling and shuffling."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    files: tuple[str, ...] = ()
+    """Evaluation prompt files (e.g. aime-2024.parquet); empty with synthetic data: held-out problems."""
+    n: int = 32
+    """Samples per problem: the k of avg@k."""
+    temperature: float = 1.0
+    """Sampling temperature for evaluation."""
+    top_p: float = 0.7
+    """Nucleus sampling for evaluation."""
+    every: int = 5
+    """Evaluate every this many steps (0: only before and after training)."""
+    max_response_length: int | None = None
+    """Evaluation generation limit; null: the rollout's L_max."""
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    enabled: bool = True
+    """Log parameters and metrics to MLflow."""
+    tracking_uri: str = ""
+    """MLflow tracking URI; empty: a local file store under the run's output directory."""
+    experiment: str = "dapo-ray"
+    """MLflow experiment name."""
+    run_name: str = ""
+    """MLflow run name; empty: derived from the config file and time."""
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    address: str = ""
+    """Ray cluster to join; empty: RAY_ADDRESS if set, else start a local cluster."""
+    num_cpus: int | None = None
+    """Logical CPUs of a local cluster (give more than the cores, or Ray Data stalls on 2 cores)."""
+
+
+@dataclass(frozen=True)
+class Config:
+    data: DataConfig = field(default_factory=DataConfig)
+    """Training prompts."""
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """The vLLM rollout deployment."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """The answer verifier."""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """DAPO's techniques, one switch each."""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """Ray Train + DeepSpeed."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """avg@k evaluation."""
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """MLflow."""
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    """The Ray cluster."""
+
+    @property
+    def responses_per_step(self) -> int:
+        """train_batch_size * n: responses in one step's training batch."""
+        return self.trainer.train_batch_size * self.rollout.n
+
+    @property
+    def updates_per_step(self) -> int:
+        """Gradient updates per RL step (paper: 512 * 16 / 512 = 16)."""
+        return self.responses_per_step // self.trainer.mini_batch_size * self.trainer.ppo_epochs
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def flat(self) -> dict[str, Any]:
+        """`{"algorithm.eps_high": 0.28, ...}`, for experiment trackers."""
+        out: dict[str, Any] = {}
+
+        def walk(d: dict, prefix: str) -> None:
+            for k, v in d.items():
+                if isinstance(v, dict):
+                    walk(v, f"{prefix}{k}.")
+                else:
+                    out[f"{prefix}{k}"] = v
+
+        walk(self.to_dict(), "")
+        return out
+
+
+# --- loading -----------------------------------------------------------------------------------------
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(tp: Any, value: Any, key: str) -> Any:
+    """Check / convert `value` to the annotated type `tp`; raise ConfigError naming `key`."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key '{key}' is a section; expected a mapping, got {value!r}")
+        return _build(tp, value, key)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"config key '{key}' = {value!r} is not one of {args}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, key)
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list | tuple):
+            raise ConfigError(f"config key '{key}' expects a list, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(args[0], v, key) for v in value)
+        if len(value) != len(args):
+            raise ConfigError(f"config key '{key}' expects {len(args)} values, got {value!r}")
+        return tuple(_coerce(a, v, key) for a, v in zip(args, value, strict=True))
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"config key '{key}' expects true or false, got {value!r}")
+    if tp is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str):
+        try:
+            return float(value)  # YAML reads "1e-6" as a string
+        except ValueError:
+            pass
+    if tp is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if tp is str and isinstance(value, str):
+        return value
+    raise ConfigError(f"config key '{key}' expects {_type_name(tp)}, got {value!r}")
+
+
+def _build(cls: type, data: dict, prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    for k in data:
+        if k not in names:
+            where = f"'{prefix}'" if prefix else "the top level"
+            close = difflib.get_close_matches(str(k), names, n=1)
+            hint = f"did you mean '{_join(prefix, close[0])}'? " if close else ""
+            raise ConfigError(f"unknown config key '{_join(prefix, k)}'; {hint}valid keys in {where}: {names}")
+    kwargs = {k: _coerce(hints[k], v, _join(prefix, k)) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def apply_override(tree: dict, override: str) -> None:
+    """Set `a.b.c=value` in a nested dict; the value is read as YAML (`0.2`, `true`, `[a, b]`, `null`)."""
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} must look like section.key=value")
+    path, raw = override.split("=", 1)
+    keys = path.strip().split(".")
+    node = tree
+    for k in keys[:-1]:
+        node = node.setdefault(k, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {override!r}: '{k}' is not a section")
+    node[keys[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+
+
+def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:
+    """Read a YAML file (or the defaults), apply `a.b=c` overrides, build and validate the tree."""
+    tree: dict = {}
+    if path is not None:
+        with open(path) as f:
+            tree = yaml.safe_load(f) or {}
+        if not isinstance(tree, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level")
+    for o in overrides:
+        apply_override(tree, o)
+    cfg = _build(Config, tree)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks; each error names the keys involved."""
+    a, r, t = cfg.algorithm, cfg.rollout, cfg.trainer
+
+    def check(ok: bool, msg: str) -> None:
+        if not ok:
+            raise ConfigError(msg)
+
+    check(0.0 <= a.eps_low < 1.0, f"algorithm.eps_low must be in [0, 1), got {a.eps_low}")
+    check(a.eps_high >= 0.0, f"algorithm.eps_high must be >= 0, got {a.eps_high}")
+    check(a.clip_ratio_c is None or a.clip_ratio_c > 1.0, "algorithm.clip_ratio_c must be > 1 or null")
+    check(a.kl_coef >= 0.0, f"algorithm.kl_coef must be >= 0, got {a.kl_coef}")
+    check(a.max_gen_rounds >= 1, "algorithm.max_gen_rounds must be >= 1")
+    check(
+        0 < a.overlong_cache_length < r.max_response_length or not a.soft_overlong,
+        f"algorithm.overlong_cache_length ({a.overlong_cache_length}) must be in "
+        f"(0, rollout.max_response_length={r.max_response_length})",
+    )
+    check(r.n >= 2, f"rollout.n (group size G) must be >= 2, got {r.n}")
+    check(r.max_response_length >= 1, "rollout.max_response_length must be >= 1")
+    check(
+        1 <= r.min_replicas <= r.num_replicas <= r.max_replicas,
+        f"need 1 <= rollout.min_replicas ({r.min_replicas}) <= rollout.num_replicas ({r.num_replicas}) "
+        f"<= rollout.max_replicas ({r.max_replicas})",
+    )
+    check(t.train_batch_size >= 1 and t.gen_batch_size >= 1, "trainer batch sizes must be >= 1")
+    check(t.num_workers >= 1, "trainer.num_workers must be >= 1")
+    check(
+        cfg.responses_per_step % t.mini_batch_size == 0,
+        f"trainer.train_batch_size * rollout.n ({cfg.responses_per_step}) must be a multiple of "
+        f"trainer.mini_batch_size ({t.mini_batch_size})",
+    )
+    check(
+        t.mini_batch_size % (t.num_workers * t.micro_batch_size) == 0,
+        f"trainer.mini_batch_size ({t.mini_batch_size}) must be a multiple of trainer.num_workers * "
+        f"trainer.micro_batch_size ({t.num_workers} * {t.micro_batch_size})",
+    )
+    check(t.lr > 0 and t.warmup_steps >= 0 and t.total_steps >= 1, "trainer.lr, warmup_steps, total_steps")
+    check(set(cfg.data.synthetic.operators) <= set("+-*") and cfg.data.synthetic.operators != "",
+          f"data.synthetic.operators must be a non-empty subset of '+-*', got {cfg.data.synthetic.operators!r}")  # fmt: skip
+    check(
+        cfg.data.source == "synthetic" or len(cfg.data.train_files) > 0,
+        "data.train_files is empty; give files or set data.source=synthetic",
+    )
+    check(cfg.eval.n >= 1, "eval.n must be >= 1")

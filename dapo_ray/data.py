@@ -1,0 +1,261 @@
+"""Prompt datasets: parquet in the verl/DAPO schema, jsonl with problem/answer, and a synthetic task.
+
+    rows, report = load_prompts(["../shared/data/dapo-math-17k.parquet"], template="dapo")
+    print(report)   # files, rows read, duplicates dropped, bad rows, templated rows
+
+Every loader returns `PromptRow`s (see `types.py`). A malformed row stops loading with an error that
+names its file and row number (`on_bad_row="error"`), or is skipped and counted (`"skip"`).
+
+The DAPO template
+-----------------
+DAPO wraps each problem in an instruction asking for a final `Answer: ...` line (the verifier reads
+exactly that line). `aime-2024.parquet` carries it already; the 17k copy here holds bare problems.
+With `template="dapo"` a user message that lacks the instruction is wrapped; a leading
+"Solve the following math problem step by step." (a shortened prefix some copies use) is replaced by
+the full template rather than repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow.parquet as pq
+
+from dapo_ray.types import Message, PromptRow
+
+DAPO_PREFIX = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+)
+DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
+_SHORT_PREFIX = "Solve the following math problem step by step."
+_INSTRUCTION_MARK = "Answer: $Answer"
+
+
+class BadRowError(ValueError):
+    """A dataset row that cannot be used; the message names the file and row."""
+
+
+@dataclass
+class LoadReport:
+    """What loading did, for the log."""
+
+    files: list[str] = field(default_factory=list)
+    rows_read: int = 0
+    kept: int = 0
+    duplicates: int = 0
+    bad_rows: int = 0
+    templated: int = 0
+    first_bad: str = ""
+
+    def __str__(self) -> str:
+        bad = f", {self.bad_rows} bad rows skipped (first: {self.first_bad})" if self.bad_rows else ""
+        return (
+            f"{self.kept} prompts from {self.rows_read} rows in {len(self.files)} file(s): "
+            f"{self.duplicates} duplicates dropped, {self.templated} wrapped in the DAPO template{bad}"
+        )
+
+
+def apply_dapo_template(problem: str) -> str:
+    """Wrap a bare problem in the DAPO instruction template (see module docstring)."""
+    problem = problem.strip()
+    if problem.startswith(_SHORT_PREFIX):
+        problem = problem[len(_SHORT_PREFIX) :].strip()
+    return DAPO_PREFIX + problem + DAPO_SUFFIX
+
+
+def _messages_from_verl(raw: Any) -> list[Message]:
+    if hasattr(raw, "tolist"):  # numpy arrays from pandas-written files
+        raw = raw.tolist()
+    if isinstance(raw, str):
+        return [{"role": "user", "content": raw}]
+    if not isinstance(raw, list) or not raw:
+        raise ValueError(f"'prompt' must be a non-empty list of chat messages, got {type(raw).__name__}")
+    messages: list[Message] = []
+    for m in raw:
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str) or not isinstance(m.get("role"), str):
+            raise ValueError(f"'prompt' holds a message without string 'role' and 'content': {m!r:.80}")
+        messages.append({"role": m["role"], "content": m["content"]})
+    if not any(m["role"] == "user" and m["content"].strip() for m in messages):
+        raise ValueError("'prompt' has no non-empty user message")
+    return messages
+
+
+def _ground_truth(raw: Any) -> str:
+    if isinstance(raw, bool) or raw is None:
+        raise ValueError(f"ground truth is missing or not text/number: {raw!r}")
+    if isinstance(raw, int | float):
+        raw = str(raw)
+    if not isinstance(raw, str) or not raw.strip():
+        raise ValueError(f"ground truth is missing or empty: {raw!r}")
+    return raw.strip()
+
+
+def row_from_verl(raw: dict, uid: str) -> PromptRow:
+    """A verl/DAPO parquet row (`prompt`, `reward_model.ground_truth`, `data_source`) as a PromptRow."""
+    if "prompt" not in raw:
+        raise ValueError("column 'prompt' is missing")
+    rm = raw.get("reward_model")
+    if not isinstance(rm, dict) or "ground_truth" not in rm:
+        raise ValueError("column 'reward_model' with field 'ground_truth' is missing")
+    return {
+        "uid": uid,
+        "messages": _messages_from_verl(raw["prompt"]),
+        "ground_truth": _ground_truth(rm["ground_truth"]),
+        "data_source": str(raw.get("data_source") or ""),
+        "solution": "",
+    }
+
+
+def row_from_jsonl(raw: dict, uid: str) -> PromptRow:
+    """A jsonl record with `problem` (or `question`) and `answer` (or `ground_truth`)."""
+    if not isinstance(raw, dict):
+        raise ValueError(f"expected a JSON object, got {type(raw).__name__}")
+    problem = raw.get("problem", raw.get("question"))
+    if not isinstance(problem, str) or not problem.strip():
+        raise ValueError("field 'problem' (or 'question') is missing or empty")
+    answer = raw.get("answer", raw.get("ground_truth"))
+    return {
+        "uid": uid,
+        "messages": [{"role": "user", "content": problem}],
+        "ground_truth": _ground_truth(answer),
+        "data_source": str(raw.get("data_source") or "jsonl"),
+        "solution": str(raw.get("solution") or ""),
+    }
+
+
+def _read_file(path: Path) -> Iterable[tuple[int, Any, Any]]:
+    """(row number, raw record, converter) for every row of a parquet or jsonl file."""
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        table = pq.read_table(path)
+        for i, raw in enumerate(table.to_pylist()):
+            yield i, raw, row_from_verl
+    elif suffix in (".jsonl", ".json"):
+        with open(path) as f:
+            for i, line in enumerate(f):
+                if not line.strip():
+                    continue
+                try:
+                    raw = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raw = e  # reported as a bad row below, with its number
+                yield i, raw, row_from_jsonl
+    else:
+        raise ValueError(f"{path}: unsupported file type {suffix!r}; use .parquet or .jsonl")
+
+
+def load_prompts(
+    paths: Sequence[str | Path],
+    template: Literal["dapo", "none"] = "dapo",
+    dedupe: bool = True,
+    on_bad_row: Literal["error", "skip"] = "error",
+) -> tuple[list[PromptRow], LoadReport]:
+    """Load, validate, template and de-duplicate prompt rows from files (see module docstring)."""
+    report = LoadReport()
+    seen: set[str] = set()
+    rows: list[PromptRow] = []
+    for p in paths:
+        path = Path(p)
+        if not path.exists():
+            raise FileNotFoundError(f"prompt file not found: {path}")
+        report.files.append(str(path))
+        for i, raw, convert in _read_file(path):
+            report.rows_read += 1
+            try:
+                if isinstance(raw, Exception):
+                    raise ValueError(f"not valid JSON: {raw}")
+                row = convert(raw, uid=f"{path.name}:{i}")
+            except ValueError as e:
+                msg = f"{path}: row {i}: {e}"
+                if on_bad_row == "error":
+                    raise BadRowError(msg) from None
+                report.bad_rows += 1
+                report.first_bad = report.first_bad or msg
+                continue
+            if template == "dapo":
+                user = next(m for m in row["messages"] if m["role"] == "user")
+                if _INSTRUCTION_MARK not in user["content"]:
+                    user["content"] = apply_dapo_template(user["content"])
+                    report.templated += 1
+            if dedupe:
+                key = json.dumps(row["messages"], sort_keys=True)
+                if key in seen:
+                    report.duplicates += 1
+                    continue
+                seen.add(key)
+            rows.append(row)
+    report.kept = len(rows)
+    return rows, report
+
+
+# --- the synthetic task -------------------------------------------------------------------------------
+
+_OP_WORDS = {"+": "add {b}", "-": "subtract {b}", "*": "multiply by {b}"}
+
+
+def synthetic_problem(rng: random.Random, num_terms: int, lo: int, hi: int, operators: str) -> tuple[str, str, list[str]]:
+    """One left-to-right arithmetic word problem: (problem text, answer, scratchpad lines).
+
+    >>> synthetic_problem(random.Random(0), 2, 0, 99, "+")
+    ('Start with 49, add 5. What is the result?', '54', ['49 + 5 = 54'])
+    """
+    value = rng.randint(lo, hi)
+    words = [f"Start with {value}"]
+    steps = []
+    for _ in range(num_terms - 1):
+        op, b = rng.choice(operators), rng.randint(lo, hi)
+        new = value + b if op == "+" else value - b if op == "-" else value * b
+        words.append(_OP_WORDS[op].format(b=b))
+        steps.append(f"{value} {op} {b} = {new}")
+        value = new
+    return ", ".join(words) + ". What is the result?", str(value), steps
+
+
+def synthetic_prompts(
+    num_train: int,
+    num_eval: int,
+    *,
+    flavour: Literal["short", "reasoning"] = "short",
+    num_terms: int = 2,
+    min_operand: int = 0,
+    max_operand: int = 99,
+    operators: str = "+",
+    seed: int = 0,
+) -> tuple[list[PromptRow], list[PromptRow]]:
+    """Seeded arithmetic word problems with integer answers: (train rows, eval rows), never overlapping.
+
+    `solution` is the reference response: `Answer: 54` (short) or the scratchpad lines then the
+    `Answer:` line (reasoning), the format the DAPO verifier reads.
+    """
+    if num_terms < 2 or min_operand > max_operand:
+        raise ValueError("need num_terms >= 2 and min_operand <= max_operand")
+    space = (max_operand - min_operand + 1) ** num_terms * len(operators) ** (num_terms - 1)
+    if space < 2 * (num_train + num_eval):
+        raise ValueError(
+            f"only {space} distinct problems exist for these knobs; {num_train} + {num_eval} asked "
+            "(widen max_operand or num_terms)"
+        )
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    splits: dict[str, list[PromptRow]] = {"train": [], "eval": []}
+    for split, count in (("train", num_train), ("eval", num_eval)):
+        while len(splits[split]) < count:
+            text, answer, steps = synthetic_problem(rng, num_terms, min_operand, max_operand, operators)
+            if text in seen:
+                continue
+            seen.add(text)
+            lines = (steps if flavour == "reasoning" else []) + [f"Answer: {answer}"]
+            splits[split].append({
+                "uid": f"synthetic-{split}:{len(splits[split])}",
+                "messages": [{"role": "user", "content": text}],
+                "ground_truth": answer,
+                "data_source": "synthetic",
+                "solution": "\n".join(lines),
+            })  # fmt: skip
+    return splits["train"], splits["eval"]

@@ -1,0 +1,88 @@
+from pathlib import Path
+
+import pytest
+
+from dapo_ray.config import Config, ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = sorted((ROOT / "workflows" / "configs").glob("*.yaml"))
+
+
+def test_there_are_configs():
+    assert {p.name for p in CONFIGS} >= {"dapo_qwen2.5_32b.yaml", "tiny_cpu.yaml"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_config_in_the_repo_loads(path):
+    cfg = load_config(path)
+    assert isinstance(cfg, Config)
+
+
+def test_paper_config_has_the_paper_hyperparameters():
+    cfg = load_config(ROOT / "workflows/configs/dapo_qwen2.5_32b.yaml")
+    a, t, r, e = cfg.algorithm, cfg.trainer, cfg.rollout, cfg.eval
+    assert (a.eps_low, a.eps_high, a.kl_coef) == (0.2, 0.28, 0.0)
+    assert (t.train_batch_size, r.n, t.mini_batch_size) == (512, 16, 512)
+    assert cfg.updates_per_step == 16
+    assert (t.lr, t.warmup_steps) == (1e-6, 20)
+    assert (r.max_response_length, a.overlong_cache_length) == (20480, 4096)
+    assert a.dynamic_sampling and a.soft_overlong and a.overlong_filter and a.loss_agg_mode == "token-mean"
+    assert (e.n, e.temperature, e.top_p) == (32, 1.0, 0.7)
+    assert (r.temperature, r.top_p) == (1.0, 1.0)
+
+
+def test_overrides_are_typed():
+    cfg = load_config(ROOT / "workflows/configs/tiny_cpu.yaml", ["algorithm.eps_high=0.2", "trainer.lr=1e-5",
+                      "algorithm.dynamic_sampling=false", "algorithm.clip_ratio_c=null", "eval.files=[a.parquet]"])  # fmt: skip
+    assert cfg.algorithm.eps_high == 0.2 and cfg.trainer.lr == 1e-5
+    assert cfg.algorithm.dynamic_sampling is False and cfg.algorithm.clip_ratio_c is None
+    assert cfg.eval.files == ("a.parquet",)
+
+
+def test_config_is_frozen():
+    cfg = load_config(overrides=["data.source=synthetic"])
+    with pytest.raises(AttributeError):
+        cfg.trainer.lr = 1.0  # type: ignore[misc]
+
+
+def test_typo_names_the_key_and_suggests():
+    with pytest.raises(ConfigError, match=r"algorithm\.eps_hgih.*did you mean 'algorithm\.eps_high'"):
+        load_config(overrides=["data.source=synthetic", "algorithm.eps_hgih=0.3"])
+    with pytest.raises(ConfigError, match="unknown config key 'algo'"):
+        load_config(overrides=["data.source=synthetic", "algo.eps_high=0.3"])
+
+
+def test_bad_choice_lists_the_valid_ones():
+    with pytest.raises(ConfigError, match=r"algorithm\.loss_agg_mode.*token-mean.*seq-mean-token-mean"):
+        load_config(overrides=["data.source=synthetic", "algorithm.loss_agg_mode=token_mean"])
+    with pytest.raises(ConfigError, match=r"reward\.mode.*math_verify"):
+        load_config(overrides=["data.source=synthetic", "reward.mode=sympy"])
+
+
+def test_bad_types_and_cross_field_checks():
+    with pytest.raises(ConfigError, match="trainer.lr.*float"):
+        load_config(overrides=["data.source=synthetic", "trainer.lr=fast"])
+    with pytest.raises(ConfigError, match="true or false"):
+        load_config(overrides=["data.source=synthetic", "algorithm.soft_overlong=1"])
+    with pytest.raises(ConfigError, match="mini_batch_size"):
+        load_config(overrides=["data.source=synthetic", "trainer.mini_batch_size=500"])
+    with pytest.raises(ConfigError, match="rollout.n"):
+        load_config(overrides=["data.source=synthetic", "rollout.n=1"])
+    with pytest.raises(ConfigError, match="train_files"):
+        load_config()
+    with pytest.raises(ConfigError, match="section.key=value"):
+        load_config(overrides=["trainer.lr"])
+
+
+def test_ablation_ladder_rungs_load():
+    """Every rung of paper Table 1 is a set of overrides (the README lists them)."""
+    from dapo_ray.ablation import LADDER
+
+    base = ROOT / "workflows/configs/dapo_qwen2.5_32b.yaml"
+    names = [name for name, _ in LADDER]
+    assert names[0] == "naive-grpo" and names[-1] == "dapo"
+    cfgs = [load_config(base, overrides) for _, overrides in LADDER]
+    naive, dapo = cfgs[0].algorithm, cfgs[-1].algorithm
+    assert not naive.overlong_filter and not naive.soft_overlong and not naive.dynamic_sampling
+    assert naive.eps_high == naive.eps_low and naive.loss_agg_mode == "seq-mean-token-mean"
+    assert dapo == load_config(base).algorithm

@@ -1,0 +1,117 @@
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dapo_ray.data import DAPO_PREFIX, BadRowError, apply_dapo_template, load_prompts, synthetic_prompts
+
+
+def test_aime_real_file(shared_data):
+    rows, rep = load_prompts([shared_data / "aime-2024.parquet"])
+    # 30 problems x 32 copies: de-duplication keeps 30 and says it dropped 930.
+    assert rep.rows_read == 960 and rep.kept == 30 and rep.duplicates == 930
+    assert rep.templated == 0  # the file carries the DAPO template already
+    assert all(r["messages"][0]["content"].startswith(DAPO_PREFIX) for r in rows)
+    assert all(r["ground_truth"].isdigit() for r in rows)
+
+
+def test_aime_without_dedupe_keeps_avg_at_32_layout(shared_data):
+    rows, rep = load_prompts([shared_data / "aime-2024.parquet"], dedupe=False)
+    assert len(rows) == 960 and rep.duplicates == 0
+
+
+def test_dapo_17k_real_file_is_templated_and_deduped(shared_data):
+    rows, rep = load_prompts([shared_data / "dapo-math-17k.parquet"])
+    assert rep.rows_read == 17917
+    # The data README counts 17,290 distinct raw texts; 35 of them differ only in surrounding
+    # whitespace, which templating strips, so they are duplicates of the same prompt.
+    assert rep.kept == 17255 and rep.duplicates == 662
+    assert rep.templated == 17917
+    content = rows[0]["messages"][0]["content"]
+    assert content.startswith(DAPO_PREFIX) and content.endswith('after "Answer:".')
+
+
+def test_mini16_short_prefix_is_not_repeated(shared_data):
+    rows, _ = load_prompts([shared_data / "dapo-math-mini16.parquet"])
+    assert len(rows) == 16
+    for r in rows:
+        assert r["messages"][0]["content"].count("Solve the following math problem") == 1
+
+
+def test_template_none_leaves_text(shared_data):
+    rows, rep = load_prompts([shared_data / "dapo-math-mini16.parquet"], template="none")
+    assert rep.templated == 0 and "Answer:" not in rows[0]["messages"][0]["content"]
+
+
+def _write(tmp_path, rows):
+    path = tmp_path / "bad.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+GOOD = {"data_source": "x", "prompt": [{"role": "user", "content": "1+1?"}], "reward_model": {"ground_truth": "2", "style": "rule"}}
+
+
+def test_malformed_parquet_row_names_file_and_row(tmp_path):
+    bad = dict(GOOD, reward_model={"ground_truth": "", "style": "rule"})
+    path = _write(tmp_path, [GOOD, dict(GOOD, prompt=[{"role": "user", "content": "2+2?"}]), bad])
+    with pytest.raises(BadRowError, match=r"bad\.parquet: row 2: ground truth"):
+        load_prompts([path])
+    rows, rep = load_prompts([path], on_bad_row="skip")
+    assert len(rows) == 2 and rep.bad_rows == 1 and "row 2" in rep.first_bad
+
+
+def test_parquet_missing_column(tmp_path):
+    path = _write(tmp_path, [{"data_source": "x", "reward_model": {"ground_truth": "2", "style": "r"}}])
+    with pytest.raises(BadRowError, match="row 0: column 'prompt' is missing"):
+        load_prompts([path])
+
+
+def test_jsonl_loader_and_bad_lines(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text(
+        json.dumps({"problem": "What is 2+3?", "answer": 5}) + "\n\n"
+        + "{not json\n"
+        + json.dumps({"question": "What is 1+1?", "ground_truth": "2"}) + "\n"
+        + json.dumps({"answer": "3"}) + "\n"
+    )  # fmt: skip
+    with pytest.raises(BadRowError, match=r"p\.jsonl: row 2: not valid JSON"):
+        load_prompts([path])
+    rows, rep = load_prompts([path], on_bad_row="skip", template="none")
+    assert [r["ground_truth"] for r in rows] == ["5", "2"] and rep.bad_rows == 2
+    assert rows[0]["messages"][0]["content"] == "What is 2+3?"
+
+
+def test_unknown_suffix_and_missing_file(tmp_path):
+    (tmp_path / "a.csv").write_text("x")
+    with pytest.raises(ValueError, match="unsupported"):
+        load_prompts([tmp_path / "a.csv"])
+    with pytest.raises(FileNotFoundError):
+        load_prompts([tmp_path / "nope.parquet"])
+
+
+def test_apply_template_once():
+    t = apply_dapo_template("What is 1+1?")
+    assert t.startswith(DAPO_PREFIX) and "What is 1+1?" in t
+
+
+def test_synthetic_is_seeded_disjoint_and_scored_correct():
+    from dapo_ray.algo import compute_score
+
+    tr, ev = synthetic_prompts(200, 50, num_terms=3, operators="+-*", seed=3, flavour="reasoning")
+    tr2, ev2 = synthetic_prompts(200, 50, num_terms=3, operators="+-*", seed=3, flavour="reasoning")
+    assert tr == tr2 and ev == ev2
+    texts = {r["messages"][0]["content"] for r in tr}
+    assert not texts & {r["messages"][0]["content"] for r in ev}
+    assert len(texts) == 200
+    for r in tr + ev:  # every reference solution is judged correct by the DAPO verifier
+        assert compute_score(r["solution"], r["ground_truth"])["acc"]
+        assert r["solution"].count("\n") == 2  # two scratchpad lines, then the answer
+
+
+def test_synthetic_short_flavour_and_too_small_space():
+    tr, _ = synthetic_prompts(10, 5, max_operand=9)
+    assert all(r["solution"] == f"Answer: {r['ground_truth']}" for r in tr)
+    with pytest.raises(ValueError, match="distinct problems"):
+        synthetic_prompts(100, 10, max_operand=3)
