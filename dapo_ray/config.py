@@ -92,6 +92,8 @@ class RolloutConfig:
     """KV-cache size of the CPU engine, GiB (VLLM_CPU_KVCACHE_SPACE)."""
     enforce_eager: bool = False
     """Disable CUDA graphs / compilation (set true on CPU)."""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """Engine weights dtype; `auto` lets vLLM choose (bfloat16 on CPU, even for float32 checkpoints)."""
     cpus_per_replica: int = 1
     """Logical CPUs reserved by each replica."""
 
@@ -199,7 +201,7 @@ class TrackingConfig:
     enabled: bool = True
     """Log parameters and metrics to MLflow."""
     tracking_uri: str = ""
-    """MLflow tracking URI; empty: a local file store under the run's output directory."""
+    """MLflow tracking URI; empty: a SQLite store, `<trainer.output_dir>/mlflow.db`."""
     experiment: str = "dapo-ray"
     """MLflow experiment name."""
     run_name: str = ""

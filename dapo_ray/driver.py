@@ -1,0 +1,331 @@
+"""The DAPO run, top to bottom: sample, score, filter, train, sync, evaluate, save.
+
+`run(cfg)` starts (or joins) a Ray cluster, deploys the vLLM rollout replicas on Ray Serve, starts the
+Ray Train TorchTrainer workers (DeepSpeed) in the background, and then drives one RL step at a time.
+Re-running the same command resumes from the last checkpoint (Ray Train's, under trainer.output_dir).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dapo_ray.algo import BatchFiller
+from dapo_ray.config import Config
+from dapo_ray.data import load_prompts, synthetic_prompts
+from dapo_ray.metrics import Tracker
+from dapo_ray.pipeline import SamplingSpec, ScoringSpec, generate_round
+from dapo_ray.trainer.batch import build_shards, flatten_groups
+
+
+@dataclass
+class PromptCursor:
+    """Walks the prompt list epoch by epoch, reshuffled each epoch; its state is checkpointed."""
+
+    rows: list[dict]
+    shuffle: bool
+    seed: int
+    epoch: int = 0
+    index: int = 0
+    order: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._reorder()
+
+    def _reorder(self) -> None:
+        self.order = list(range(len(self.rows)))
+        if self.shuffle:
+            random.Random(self.seed + self.epoch).shuffle(self.order)
+
+    def take(self, k: int) -> list[dict]:
+        out = []
+        while len(out) < k:
+            if self.index == len(self.order):
+                self.epoch, self.index = self.epoch + 1, 0
+                self._reorder()
+            out.append(self.rows[self.order[self.index]])
+            self.index += 1
+        return out
+
+    def state_dict(self) -> dict:
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.epoch, self.index = state["epoch"], state["index"]
+        self._reorder()
+
+
+def log(msg: str) -> None:
+    print(f"[dapo-ray {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def prepare_prompts(cfg: Config, tokenizer) -> tuple[list[dict], list[dict]]:
+    """(train rows, held-out rows) with `prompt_ids`, prompts over max_prompt_length dropped."""
+    d = cfg.data
+    if d.source == "synthetic":
+        s = d.synthetic
+        train, held_out = synthetic_prompts(s.num_train, s.num_eval, flavour=s.flavour, num_terms=s.num_terms,
+                                            min_operand=s.min_operand, max_operand=s.max_operand,
+                                            operators=s.operators, seed=s.seed)  # fmt: skip
+        log(f"synthetic task ({s.flavour}): {len(train)} train / {len(held_out)} held-out problems")
+    else:
+        train, report = load_prompts(d.train_files, d.template, d.dedupe, d.on_bad_row)
+        log(f"train data: {report}")
+        held_out = []
+    if cfg.eval.files:
+        held_out, report = load_prompts(cfg.eval.files, d.template, dedupe=True, on_bad_row=d.on_bad_row)
+        log(f"eval data: {report}")
+
+    def tokenize(rows: list[dict]) -> list[dict]:
+        out = []
+        for r in rows:
+            ids = tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True)
+            if hasattr(ids, "input_ids") or isinstance(ids, dict):
+                ids = ids["input_ids"]
+            if len(ids) <= d.max_prompt_length:
+                out.append({"uid": r["uid"], "prompt_ids": list(ids), "ground_truth": r["ground_truth"]})
+        if len(out) < len(rows):
+            log(f"dropped {len(rows) - len(out)} prompts longer than {d.max_prompt_length} tokens")
+        return out
+
+    return tokenize(train), tokenize(held_out)
+
+
+def evaluate(cfg: Config, rows: list[dict], app: str, concurrency: int) -> dict[str, float]:
+    """avg@k and pass@k on held-out problems, through the same Ray Data + Serve path as training."""
+    if not rows:
+        return {}
+    e = cfg.eval
+    sampling = SamplingSpec(e.n, e.temperature, e.top_p, e.max_response_length or cfg.rollout.max_response_length)
+    groups = generate_round(rows, app, sampling, _scoring(cfg), prompts_per_call=32, max_concurrency=concurrency)
+    accs = [a for g in groups for a in g["acc"]]
+    return {"eval/avg_at_k": sum(accs) / len(accs), "eval/pass_at_k": sum(any(g["acc"]) for g in groups) / len(groups)}
+
+
+def _scoring(cfg: Config) -> ScoringSpec:
+    a = cfg.algorithm
+    return ScoringSpec(cfg.reward.mode, cfg.rollout.max_response_length, a.soft_overlong, a.overlong_cache_length,
+                       a.overlong_penalty_factor, a.overlong_filter, a.adv_eps, a.adv_std_unbiased)  # fmt: skip
+
+
+def batch_metrics(batch: list[dict], generated: list[dict], version: int) -> dict[str, float]:
+    """Reward, accuracy, length and solve-all statistics of the step (see metrics.py)."""
+    lengths = [len(ids) for g in batch for ids in g["response_ids"]]
+    lps = [lp for g in batch for seq in g["rollout_logprobs"] for lp in seq]
+    all_acc = [a for g in generated for a in g["acc"]]
+    import math
+
+    return {
+        "critic/score/mean": statistics.fmean(s for g in batch for s in g["scores"]),
+        "critic/acc/mean": statistics.fmean(a for g in batch for a in g["acc"]),
+        "rollout/acc_all_generated": statistics.fmean(all_acc) if all_acc else 0.0,
+        "rollout/solve_all_ratio": statistics.fmean(all(g["acc"]) for g in generated) if generated else 0.0,
+        "rollout/solve_none_ratio": statistics.fmean(not any(g["acc"]) for g in generated) if generated else 0.0,
+        "response_length/mean": statistics.fmean(lengths),
+        "response_length/clip_ratio": statistics.fmean(t for g in batch for t in g["truncated"]),
+        "rollout/policy_version_lag": statistics.fmean(version - g["policy_version"] for g in batch),
+        "actor/mean_token_prob": statistics.fmean(math.exp(x) for x in lps) if lps else 0.0,
+    }
+
+
+def run(cfg: Config, config_path: str = "") -> dict:
+    """Train with DAPO as configured; returns a summary (eval before/after, steps, wall time)."""
+    import ray
+    from ray import serve
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+    from transformers import AutoTokenizer
+
+    from dapo_ray.rollout.deployment import (
+        APP_NAME,
+        STORE_NAMESPACE,
+        create_store,
+        deploy_rollout,
+        wait_synced,
+    )
+    from dapo_ray.trainer.channel import Channel
+    from dapo_ray.trainer.loop import train_loop
+
+    t_start = time.time()
+    t, a, r = cfg.trainer, cfg.algorithm, cfg.rollout
+    out_dir = Path(t.output_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run_name = out_dir.name
+    _init_ray(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(r.model_path)
+    train_rows, eval_rows = prepare_prompts(cfg, tokenizer)
+    cursor = PromptCursor(train_rows, cfg.data.shuffle, cfg.data.seed)
+    filler: BatchFiller[dict] = BatchFiller(t.train_batch_size, a.max_gen_rounds, a.on_cap, a.carry_over,
+                                            enabled=a.dynamic_sampling)  # fmt: skip
+    max_model_len = cfg.data.max_prompt_length + max(r.max_response_length, cfg.eval.max_response_length or 0)
+
+    # Rollout replicas (Serve) and the trainer workers (Ray Train), joined by a store and a channel.
+    store_name = f"weights-{run_name}"
+    store = create_store(store_name)
+    channel = Channel.options(name=f"channel-{run_name}", namespace=STORE_NAMESPACE).remote(t.num_workers)
+    log(f"deploying {r.num_replicas} vLLM rollout replica(s) of {r.model_path}")
+    handle = deploy_rollout(r, max_model_len, store_name, t.seed)
+    probe_ids = train_rows[0]["prompt_ids"] + tokenizer.encode("Answer: 0", add_special_tokens=False)
+    trainer = TorchTrainer(
+        train_loop,
+        train_loop_config={"config": cfg, "channel": f"channel-{run_name}", "store": store_name,
+                           "namespace": STORE_NAMESPACE, "probe_ids": probe_ids,
+                           "weights_dir": _weights_dir(run_name), "final_dir": str(out_dir / "final_model")},
+        scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu),
+        run_config=RunConfig(name=run_name, storage_path=str(out_dir / "ray_train")),
+    )  # fmt: skip
+    fit_error: list[BaseException] = []
+    fit_thread = threading.Thread(target=_fit, args=(trainer, fit_error), daemon=True)
+    fit_thread.start()
+
+    def next_result(kind: str) -> dict:
+        while True:
+            res = ray.get(channel.get_result.remote(5.0))
+            if res is not None:
+                assert res["kind"] == kind, res
+                return res
+            if not fit_thread.is_alive():
+                raise RuntimeError(f"the trainer stopped: {fit_error[0] if fit_error else 'no error given'}")
+
+    ready = next_result("ready")
+    step = ready["step"]
+    if ready["driver_state"]:
+        cursor.load_state_dict(ready["driver_state"]["cursor"])
+        filler.load_state_dict(ready["driver_state"]["filler"])
+        log(f"resumed from the checkpoint of step {step} (epoch {cursor.epoch}, prompt {cursor.index})")
+    wait_synced(store, handle, step)
+    concurrency = r.max_replicas * 2
+    tracker = Tracker(cfg.tracking.enabled, cfg.tracking.tracking_uri or f"sqlite:///{out_dir / 'mlflow.db'}",
+                      cfg.tracking.experiment, cfg.tracking.run_name or run_name, cfg.flat())  # fmt: skip
+    summary: dict = {"start_step": step, "curve": []}
+    if step == 0 and eval_rows:
+        ev = evaluate(cfg, eval_rows, APP_NAME, concurrency)
+        summary["eval_before"] = ev
+        summary["curve"].append((0.0, ev["eval/avg_at_k"]))
+        tracker.log(ev, step=0)
+        log(f"held-out before training: avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%}, pass@{cfg.eval.n} {ev['eval/pass_at_k']:.1%}")
+    sampling = SamplingSpec(r.n, r.temperature, r.top_p, r.max_response_length)
+    t_train = time.time()
+    empty_steps = 0
+
+    while step < t.total_steps:
+        t0 = time.time()
+        # 1. Sample and score rounds of prompts until the batch is full (Dynamic Sampling, Eq. 11).
+        filler.start_step()
+        generated: list[dict] = []
+        while filler.needs_more():
+            prompts = cursor.take(filler.prompts_for_next_round(t.gen_batch_size))
+            groups = generate_round(prompts, APP_NAME, sampling, _scoring(cfg), prompts_per_call=max(1, len(prompts) // concurrency),
+                                    max_concurrency=concurrency)  # fmt: skip
+            generated += groups
+            filler.add(groups, keep=[g["keep"] for g in groups])
+        batch, fill = filler.finish()
+        t_gen = time.time() - t0
+        if fill.outcome != "full":
+            log(fill.message)
+        if fill.outcome == "stopped":
+            break
+        if fill.outcome == "empty":
+            empty_steps += 1
+            if empty_steps == 3:
+                log("stopping: 3 steps in a row found no group with both right and wrong answers; the task "
+                    "is too hard or too easy for this model (check eval accuracy and rollout settings)")
+                break
+            continue
+        empty_steps = 0
+
+        # 2. Train: one shard per worker; checkpoint with the driver's state when due.
+        save = t.save_every and (step + 1) % t.save_every == 0 or step + 1 == t.total_steps
+        shards = build_shards(flatten_groups(batch), t.num_workers, t.mini_batch_size, t.micro_batch_size, seed=t.seed + step)
+        state = {"cursor": cursor.state_dict(), "filler": filler.state_dict()} if save else None
+        ray.get(channel.put_shards.remote([{"minis": s, "save": state} for s in shards]))
+        res = next_result("step")
+        step = res["step"]
+
+        # 3. Sync: every replica serves the new version before the next rollout; check the weights.
+        t1 = time.time()
+        versions = wait_synced(store, handle, step)
+        engine_version, engine_lp = handle.sequence_logprobs.remote(probe_ids).result()
+        probe_diff = max(abs(x - y) for x, y in zip(engine_lp, res.pop("probe_logprobs"), strict=True))
+        metrics = {
+            **batch_metrics(batch, generated, step - 1),
+            **{f"dynamic_sampling/{k}": v for k, v in fill.__dict__.items() if isinstance(v, int)},
+            "dynamic_sampling/partial": float(fill.outcome == "partial"),
+            **{k: v for k, v in res.items() if k not in ("kind", "step")},
+            "weight_sync/wait_s": time.time() - t1,
+            "weight_sync/logprob_max_diff": probe_diff,
+            "weight_sync/replicas": len(versions),
+            "timing/generate_s": t_gen,
+            "timing/step_s": time.time() - t0,
+        }
+        summary["last_metrics"] = metrics
+        summary["probe_version"] = engine_version
+        tracker.log(metrics, step=step)
+        m = metrics
+        log(f"step {step}/{t.total_steps}  reward {m['critic/score/mean']:+.3f}  acc {m['rollout/acc_all_generated']:.1%}  "
+            f"kept {fill.kept_groups}/{fill.generated_groups} groups in {fill.rounds} round(s)  "
+            f"entropy {m['actor/entropy']:.3f}  len {m['response_length/mean']:.1f}  "
+            f"clip+ {m['actor/pg_clipfrac_upper']:.3f} clip- {m['actor/pg_clipfrac_lower']:.3f}  "
+            f"sync diff {probe_diff:.1e}  gen {t_gen:.1f}s train {m['timing/update_s'] + m['timing/old_logprob_s']:.1f}s "
+            f"sync {m['weight_sync/wait_s']:.1f}s")  # fmt: skip
+
+        # 4. Evaluate every eval.every steps.
+        if eval_rows and cfg.eval.every and step % cfg.eval.every == 0 and step < t.total_steps:
+            ev = evaluate(cfg, eval_rows, APP_NAME, concurrency)
+            tracker.log(ev, step=step)
+            summary["curve"].append((time.time() - t_train, ev["eval/avg_at_k"]))
+            log(f"held-out at step {step}: avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%}")
+
+    ray.get(channel.put_shards.remote(None))
+    final = next_result("final")
+    fit_thread.join(timeout=120)
+    summary.update(steps=step, final_model=final["path"], train_s=time.time() - t_train)
+    if eval_rows:
+        ev = evaluate(cfg, eval_rows, APP_NAME, concurrency)
+        summary["eval_after"] = ev
+        summary["curve"].append((time.time() - t_train, ev["eval/avg_at_k"]))
+        tracker.log(ev, step=step)
+        log(f"held-out after training: avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%}, pass@{cfg.eval.n} {ev['eval/pass_at_k']:.1%}")
+    tracker.close()
+    serve.delete(APP_NAME)
+    summary["wall_s"] = time.time() - t_start
+    log(f"final model: {final['path']}  ({summary['wall_s']:.0f}s in all)")
+    return summary
+
+
+def _fit(trainer, errors: list) -> None:
+    try:
+        trainer.fit()
+    except BaseException as e:  # noqa: BLE001 - surfaced by the driver
+        errors.append(e)
+
+
+def _weights_dir(run_name: str) -> str:
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(os.environ.get("TMPDIR", "/tmp"))
+    return str(base / "dapo-ray" / run_name)
+
+
+def _init_ray(cfg: Config) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    env = {"DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu" if not cfg.trainer.use_gpu else "cuda"),
+           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    if "TORCH_EXTENSIONS_DIR" in os.environ:
+        env["TORCH_EXTENSIONS_DIR"] = os.environ["TORCH_EXTENSIONS_DIR"]
+    address = cfg.cluster.address or os.environ.get("RAY_ADDRESS") or None
+    kwargs = {} if address else {"num_cpus": cfg.cluster.num_cpus}
+    ray.init(address=address, runtime_env={"env_vars": env}, **kwargs)
+    import logging
+
+    from ray.data import DataContext
+
+    DataContext.get_current().enable_progress_bars = False
+    DataContext.get_current().print_on_execution_start = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)

@@ -1,0 +1,106 @@
+"""Ray Data stages: prompts -> Serve vLLM generation -> verify, shape, filter flag, advantages.
+
+One row per prompt (a group of G responses) from start to end:
+
+    generate_batch  needs: prompt_ids
+                    adds:  texts, response_ids, rollout_logprobs, finish_reasons, policy_version
+    score_group     needs: ground_truth, texts, response_ids, finish_reasons
+                    adds:  scores, acc, truncated, loss_weights, advantages, keep
+
+`generate_round` runs both over one round's prompts; the driver's BatchFiller decides what to keep.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from dapo_ray import algo
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    n: int
+    temperature: float
+    top_p: float
+    max_tokens: int
+
+
+_handles: dict = {}
+
+
+def generate_batch(batch: pa.Table, app_name: str, spec: SamplingSpec) -> pa.Table:
+    """Ray Data stage: call the rollout deployment with a batch of prompts; Serve picks the replica
+    (and autoscales). A plain function, so Ray Data runs it on pooled tasks with no actor start-up per
+    round; the deployment handle is cached per worker process."""
+    from ray import serve
+
+    if app_name not in _handles:
+        _handles[app_name] = serve.get_deployment_handle("rollout", app_name=app_name)
+    rows = batch.to_pylist()
+    version, outs = _handles[app_name].generate.remote(
+        [r["prompt_ids"] for r in rows], spec.n, spec.temperature, spec.top_p, spec.max_tokens
+    ).result()
+    for row, group in zip(rows, outs, strict=True):
+        row["texts"] = [c["text"] for c in group]
+        row["response_ids"] = [c["response_ids"] for c in group]
+        row["rollout_logprobs"] = [c["logprobs"] for c in group]
+        row["finish_reasons"] = [c["finish_reason"] for c in group]
+        row["policy_version"] = version
+    return pa.Table.from_pylist(rows)
+
+
+@dataclass(frozen=True)
+class ScoringSpec:
+    """The plain values `score_group` needs (algorithm switches, no config object)."""
+
+    reward_mode: str
+    max_response_length: int
+    soft_overlong: bool
+    overlong_cache_length: int
+    overlong_penalty_factor: float
+    overlong_filter: bool
+    adv_eps: float
+    adv_std_unbiased: bool
+
+
+def score_group(row: dict, spec: ScoringSpec) -> dict:
+    """Verify every response (Eq. 7), add soft overlong punishment (Eq. 13), mask truncated responses
+    (overlong filtering), compute group advantages on the shaped reward (Eq. 9) and the keep flag on
+    correctness (Eq. 11)."""
+    truncated = [f == "length" for f in row["finish_reasons"]]
+    verdicts = [algo.compute_score(t, row["ground_truth"], spec.reward_mode) for t in row["texts"]]
+    acc = [v["acc"] for v in verdicts]
+    scores = [v["score"] for v in verdicts]
+    if spec.soft_overlong:
+        scores = [
+            s + algo.soft_overlong_penalty(len(ids), spec.max_response_length, spec.overlong_cache_length,
+                                           spec.overlong_penalty_factor)  # fmt: skip
+            for s, ids in zip(scores, row["response_ids"], strict=True)
+        ]
+    row["acc"] = acc
+    row["scores"] = scores
+    row["truncated"] = truncated
+    row["loss_weights"] = algo.overlong_filter_mask(truncated) if spec.overlong_filter else [1.0] * len(truncated)
+    row["advantages"] = algo.group_advantages(scores, spec.adv_eps, spec.adv_std_unbiased)
+    row["keep"] = algo.keep_group(acc)
+    return row
+
+
+def generate_round(prompts: list[dict], app_name: str, sampling: SamplingSpec, scoring: ScoringSpec,
+                   prompts_per_call: int, max_concurrency: int) -> list[dict]:  # fmt: skip
+    """One generation round through Ray Data: returns one scored row per prompt."""
+    import ray
+
+    ds = ray.data.from_items(prompts)
+    ds = ds.map_batches(
+        generate_batch,
+        fn_kwargs={"app_name": app_name, "spec": sampling},
+        batch_size=prompts_per_call,
+        batch_format="pyarrow",
+        num_cpus=0,  # it only waits on the deployment
+        concurrency=max(1, max_concurrency),
+    )
+    ds = ds.map(score_group, fn_kwargs={"spec": scoring})
+    return ds.take_all()

@@ -1,0 +1,184 @@
+"""A tiny Qwen2-architecture model for the CPU demo and tests, built locally (no hub).
+
+`build_tiny_model(out_dir, ...)`:
+
+1. a character-level tokenizer (printable ASCII + newline, `<|endoftext|>` as EOS and pad) and a chat
+   template that is just the user text and a newline;
+2. a randomly initialised Qwen2 (untied embeddings: vLLM silently keeps a stale lm_head after an
+   in-place reload of tied ones; `vocab_size == len(tokenizer)`, or vLLM samples ids that decode to
+   nothing);
+3. a brief supervised warm-up on the synthetic task's training split (`synthetic`: the keyword
+   arguments of `data.synthetic_prompts`, the same as the RL run's, so held-out problems stay unseen), stopped as soon as the
+   sampled accuracy on held-out problems reaches `target_acc` (RL needs groups with both successes and
+   failures, so the model must start low but above zero).
+
+The directory is a normal HF model directory that vLLM and transformers load. It is cached: a second
+call with the same arguments returns at once.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from pathlib import Path
+
+import torch
+
+from dapo_ray.algo.reward import compute_score
+from dapo_ray.data import synthetic_prompts
+from dapo_ray.types import PromptRow
+
+EOS = "<|endoftext|>"
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable-character table, used by byte-level BPE tokenizers such as Qwen2's."""
+    bs = [*range(ord("!"), ord("~") + 1), *range(ord("\xa1"), ord("\xac") + 1), *range(ord("\xae"), ord("\xff") + 1)]
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs), strict=True))
+
+
+def build_tokenizer():
+    """A byte-level BPE tokenizer with no merges: one token per character (newline + printable ASCII).
+
+    Byte-level BPE is what Qwen2's own tokenizer is, so `AutoTokenizer` (which maps a qwen2 model to
+    `Qwen2Tokenizer`, in transformers and inside vLLM) loads it unchanged; a custom pre-tokenizer would
+    be silently replaced by Qwen2's on load.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    table = _bytes_to_unicode()
+    chars = [ord("\n"), *range(32, 127)]
+    vocab = {EOS: 0, **{table[b]: i + 1 for i, b in enumerate(chars)}}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def tiny_config(vocab_size: int, hidden: int = 128, layers: int = 3, max_len: int = 256):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=hidden * 3,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_len,
+        tie_word_embeddings=False,
+        rope_theta=10000.0,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+        dtype="float32",
+    )
+
+
+def prompt_text(tokenizer, row: PromptRow) -> str:
+    return tokenizer.apply_chat_template(row["messages"], tokenize=False, add_generation_prompt=True)
+
+
+def _sft_batch(tokenizer, rows: list[PromptRow]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded input ids, attention mask and labels (-100 on prompt and padding)."""
+    seqs, labels = [], []
+    for r in rows:
+        p = tokenizer.encode(prompt_text(tokenizer, r))
+        a = tokenizer.encode(r["solution"]) + [tokenizer.eos_token_id]
+        seqs.append(p + a)
+        labels.append([-100] * len(p) + a)
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), tokenizer.pad_token_id)
+    lab = torch.full((len(seqs), width), -100)
+    att = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, (s, lb) in enumerate(zip(seqs, labels, strict=True)):
+        ids[i, : len(s)] = torch.tensor(s)
+        lab[i, : len(lb)] = torch.tensor(lb)
+        att[i, : len(s)] = 1
+    return ids, att, lab
+
+
+@torch.no_grad()
+def sampled_accuracy(model, tokenizer, rows: list[PromptRow], samples: int, max_new_tokens: int, seed: int = 0) -> float:
+    """Mean correctness of `samples` temperature-1 samples per problem (avg@samples), HF generation."""
+    torch.manual_seed(seed)
+    tokenizer.padding_side = "left"
+    correct = total = 0
+    model.eval()
+    for i in range(0, len(rows), 32):
+        chunk = rows[i : i + 32]
+        enc = tokenizer([prompt_text(tokenizer, r) for r in chunk], return_tensors="pt", padding=True)
+        out = model.generate(
+            **enc, do_sample=True, temperature=1.0, top_p=1.0, max_new_tokens=max_new_tokens,
+            num_return_sequences=samples, pad_token_id=tokenizer.pad_token_id,
+        )  # fmt: skip
+        texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+        for j, text in enumerate(texts):
+            correct += compute_score(text, chunk[j // samples]["ground_truth"])["acc"]
+            total += 1
+    model.train()
+    return correct / total
+
+
+def build_tiny_model(
+    out_dir: str | Path,
+    *,
+    synthetic: dict | None = None,
+    target_acc: float = 0.10,
+    max_warmup_s: float = 240.0,
+    seed: int = 0,
+    log=print,
+) -> Path:
+    """Build (or reuse) the tiny model directory; see the module docstring."""
+    from transformers import Qwen2ForCausalLM
+
+    out = Path(out_dir)
+    synthetic = dict(synthetic or {})
+    spec = dict(synthetic=synthetic, target_acc=target_acc, seed=seed, version=1)
+    stamp = out / "dapo_ray_tiny.json"
+    if stamp.exists() and json.loads(stamp.read_text()).get("spec") == spec:
+        log(f"[tiny-model] reusing {out}")
+        return out
+
+    torch.manual_seed(seed)
+    tokenizer = build_tokenizer()
+    model = Qwen2ForCausalLM(tiny_config(len(tokenizer)))
+    n_params = sum(p.numel() for p in model.parameters())
+    # The same split as the training run, so the held-out problems stay unseen by warm-up too.
+    train, held_out = synthetic_prompts(**synthetic)
+    max_new = max(len(r["solution"]) for r in train) + 4
+    log(f"[tiny-model] Qwen2, {n_params / 1e6:.2f}M parameters, vocab {len(tokenizer)}; supervised warm-up "
+        f"until sampled accuracy >= {target_acc:.0%} (at most {max_warmup_s:.0f}s)")  # fmt: skip
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    rng = random.Random(seed)
+    t0, step, acc = time.time(), 0, 0.0
+    while time.time() - t0 < max_warmup_s:
+        for _ in range(25):
+            ids, att, lab = _sft_batch(tokenizer, rng.sample(train, 64))
+            loss = model(input_ids=ids, attention_mask=att, labels=lab).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad()
+            step += 1
+        acc = sampled_accuracy(model, tokenizer, held_out[:32], samples=4, max_new_tokens=max_new, seed=step)
+        log(f"[tiny-model] step {step:4d}  loss {loss.item():.3f}  sampled accuracy {acc:.1%}  {time.time() - t0:.0f}s")
+        if acc >= target_acc:
+            break
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    stamp.write_text(json.dumps({"spec": spec, "warmup_steps": step, "sampled_accuracy": acc}, indent=1))
+    log(f"[tiny-model] saved {out} after {step} warm-up steps ({time.time() - t0:.0f}s), sampled accuracy {acc:.1%}")
+    return out
