@@ -10,7 +10,7 @@ setup:            ## build .venv from scratch (fast no-op when up to date)
 	bash scripts/setup.sh
 
 demo: setup       ## set up, then run the DAPO demo on a tiny model on a local Ray cluster
-	$(VENV)/bin/dapo-ray check --config workflows/configs/tiny_cpu.yaml
+	$(VENV)/bin/dapo-ray demo --config workflows/configs/tiny_cpu.yaml
 
 test: setup       ## set up, then run the whole test suite
 	$(PY) -m pytest tests

@@ -71,7 +71,7 @@ def _train(args: argparse.Namespace) -> int:
     from dapo_ray.driver import run
 
     cfg = load_config(args.config, args.overrides)
-    run(cfg, args.config)
+    run(cfg)
     return 0
 
 
@@ -82,7 +82,7 @@ def _demo(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     build_tiny_model(cfg.rollout.model_path, synthetic=_synthetic_kwargs(cfg), seed=cfg.trainer.seed)
-    summary = run(cfg, args.config)
+    summary = run(cfg)
     before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
     k = cfg.eval.n
     if before and after:

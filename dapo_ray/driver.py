@@ -133,78 +133,116 @@ def batch_metrics(batch: list[dict], generated: list[dict], version: int) -> dic
     }
 
 
-def run(cfg: Config, config_path: str = "") -> dict:
-    """Train with DAPO as configured; returns a summary (eval before/after, steps, wall time)."""
-    import ray
-    from ray import serve
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-    from transformers import AutoTokenizer
+class Stack:
+    """The running system: vLLM replicas on Serve, TorchTrainer workers in the background, and the
+    weight store and channel that join them. `close()` shuts down what it started."""
 
-    from dapo_ray.rollout.deployment import (
-        APP_NAME,
-        STORE_NAMESPACE,
-        create_store,
-        deploy_rollout,
-        wait_synced,
-    )
-    from dapo_ray.trainer.channel import Channel
-    from dapo_ray.trainer.loop import train_loop
+    def __init__(self, cfg: Config, out_dir: Path, probe_ids: list[int]):
+        import ray
+        from ray.train import RunConfig, ScalingConfig
+        from ray.train.torch import TorchTrainer
+
+        from dapo_ray.rollout.deployment import APP_NAME, STORE_NAMESPACE, create_store, deploy_rollout
+        from dapo_ray.trainer.channel import Channel
+        from dapo_ray.trainer.loop import train_loop
+
+        t, r = cfg.trainer, cfg.rollout
+        name = out_dir.name
+        self.app = APP_NAME
+        self.store = create_store(f"weights-{name}")
+        self.channel = Channel.options(name=f"channel-{name}", namespace=STORE_NAMESPACE).remote(t.num_workers)
+        log(f"deploying {r.num_replicas} vLLM rollout replica(s) of {r.model_path}")
+        max_model_len = cfg.data.max_prompt_length + max(r.max_response_length, cfg.eval.max_response_length or 0)
+        self.handle = deploy_rollout(r, max_model_len, f"weights-{name}", t.seed)
+        trainer = TorchTrainer(
+            train_loop,
+            train_loop_config={"config": cfg, "channel": f"channel-{name}", "store": f"weights-{name}",
+                               "namespace": STORE_NAMESPACE, "probe_ids": probe_ids,
+                               "weights_dir": _weights_dir(name), "final_dir": str(out_dir / "final_model")},
+            scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu),
+            run_config=RunConfig(name=name, storage_path=str(out_dir / "ray_train")),
+        )  # fmt: skip
+        self.fit_error: list[BaseException] = []
+        self.fit_thread = threading.Thread(target=_fit, args=(trainer, self.fit_error), daemon=True)
+        self.fit_thread.start()
+        self._ray = ray
+
+    def next_result(self, kind: str) -> dict:
+        """The trainer's next message ("ready", "step" or "final"); raises if the trainer died."""
+        while True:
+            res = self._ray.get(self.channel.get_result.remote(5.0))
+            if res is not None:
+                if res["kind"] != kind:
+                    raise RuntimeError(f"expected a {kind!r} message from the trainer, got {res['kind']!r}")
+                return res
+            if not self.fit_thread.is_alive():
+                raise RuntimeError(f"the trainer stopped: {self.fit_error[0] if self.fit_error else 'no error given'}")
+
+    def train(self, shards: list, save_state: dict | None) -> dict:
+        self._ray.get(self.channel.put_shards.remote([{"minis": s, "save": save_state} for s in shards]))
+        return self.next_result("step")
+
+    def sync(self, version: int) -> dict[str, int]:
+        from dapo_ray.rollout.deployment import wait_synced
+
+        return wait_synced(self.store, self.handle, version)
+
+    def finish(self) -> str:
+        """Tell the workers to save the final model and stop; returns its path."""
+        self._ray.get(self.channel.put_shards.remote(None))
+        path = self.next_result("final")["path"]
+        self.fit_thread.join(timeout=120)
+        return path
+
+    def close(self) -> None:
+        from ray import serve
+
+        try:
+            serve.delete(self.app)
+        finally:
+            for actor in (self.channel, self.store):
+                self._ray.kill(actor)
+
+
+def run(cfg: Config) -> dict:
+    """Train with DAPO as configured; returns a summary (eval before/after, curve, sync history)."""
+    from transformers import AutoTokenizer
 
     t_start = time.time()
     t, a, r = cfg.trainer, cfg.algorithm, cfg.rollout
     out_dir = Path(t.output_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
-    run_name = out_dir.name
     _init_ray(cfg)
     tokenizer = AutoTokenizer.from_pretrained(r.model_path)
     train_rows, eval_rows = prepare_prompts(cfg, tokenizer)
     cursor = PromptCursor(train_rows, cfg.data.shuffle, cfg.data.seed)
     filler: BatchFiller[dict] = BatchFiller(t.train_batch_size, a.max_gen_rounds, a.on_cap, a.carry_over,
                                             enabled=a.dynamic_sampling)  # fmt: skip
-    max_model_len = cfg.data.max_prompt_length + max(r.max_response_length, cfg.eval.max_response_length or 0)
-
-    # Rollout replicas (Serve) and the trainer workers (Ray Train), joined by a store and a channel.
-    store_name = f"weights-{run_name}"
-    store = create_store(store_name)
-    channel = Channel.options(name=f"channel-{run_name}", namespace=STORE_NAMESPACE).remote(t.num_workers)
-    log(f"deploying {r.num_replicas} vLLM rollout replica(s) of {r.model_path}")
-    handle = deploy_rollout(r, max_model_len, store_name, t.seed)
     probe_ids = train_rows[0]["prompt_ids"] + tokenizer.encode("Answer: 0", add_special_tokens=False)
-    trainer = TorchTrainer(
-        train_loop,
-        train_loop_config={"config": cfg, "channel": f"channel-{run_name}", "store": store_name,
-                           "namespace": STORE_NAMESPACE, "probe_ids": probe_ids,
-                           "weights_dir": _weights_dir(run_name), "final_dir": str(out_dir / "final_model")},
-        scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu),
-        run_config=RunConfig(name=run_name, storage_path=str(out_dir / "ray_train")),
-    )  # fmt: skip
-    fit_error: list[BaseException] = []
-    fit_thread = threading.Thread(target=_fit, args=(trainer, fit_error), daemon=True)
-    fit_thread.start()
+    stack = Stack(cfg, out_dir, probe_ids)
+    try:
+        return _loop(cfg, stack, cursor, filler, eval_rows, probe_ids, out_dir, t_start)
+    finally:
+        stack.close()
 
-    def next_result(kind: str) -> dict:
-        while True:
-            res = ray.get(channel.get_result.remote(5.0))
-            if res is not None:
-                assert res["kind"] == kind, res
-                return res
-            if not fit_thread.is_alive():
-                raise RuntimeError(f"the trainer stopped: {fit_error[0] if fit_error else 'no error given'}")
 
-    ready = next_result("ready")
+def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, eval_rows: list[dict],
+          probe_ids: list[int], out_dir: Path, t_start: float) -> dict:  # fmt: skip
+    """The RL steps: sample, score, filter, train, sync, evaluate; checkpoints ride along with train."""
+    t, r = cfg.trainer, cfg.rollout
+    ready = stack.next_result("ready")
     step = ready["step"]
     if ready["driver_state"]:
         cursor.load_state_dict(ready["driver_state"]["cursor"])
         filler.load_state_dict(ready["driver_state"]["filler"])
         log(f"resumed from the checkpoint of step {step} (epoch {cursor.epoch}, prompt {cursor.index})")
-    wait_synced(store, handle, step)
+    stack.sync(step)
     concurrency = r.max_replicas * 2
     tracker = Tracker(cfg.tracking.enabled, cfg.tracking.tracking_uri or f"sqlite:///{out_dir / 'mlflow.db'}",
-                      cfg.tracking.experiment, cfg.tracking.run_name or run_name, cfg.flat())  # fmt: skip
-    summary: dict = {"start_step": step, "curve": []}
+                      cfg.tracking.experiment, cfg.tracking.run_name or out_dir.name, cfg.flat())  # fmt: skip
+    summary: dict = {"start_step": step, "start_cursor": cursor.state_dict(), "curve": [], "steps_log": []}
     if step == 0 and eval_rows:
-        ev = evaluate(cfg, eval_rows, APP_NAME, concurrency)
+        ev = evaluate(cfg, eval_rows, stack.app, concurrency)
         summary["eval_before"] = ev
         summary["curve"].append((0.0, ev["eval/avg_at_k"]))
         tracker.log(ev, step=0)
@@ -220,8 +258,8 @@ def run(cfg: Config, config_path: str = "") -> dict:
         generated: list[dict] = []
         while filler.needs_more():
             prompts = cursor.take(filler.prompts_for_next_round(t.gen_batch_size))
-            groups = generate_round(prompts, APP_NAME, sampling, _scoring(cfg), prompts_per_call=max(1, len(prompts) // concurrency),
-                                    max_concurrency=concurrency)  # fmt: skip
+            groups = generate_round(prompts, stack.app, sampling, _scoring(cfg),
+                                    prompts_per_call=max(1, len(prompts) // concurrency), max_concurrency=concurrency)  # fmt: skip
             generated += groups
             filler.add(groups, keep=[g["keep"] for g in groups])
         batch, fill = filler.finish()
@@ -239,18 +277,16 @@ def run(cfg: Config, config_path: str = "") -> dict:
             continue
         empty_steps = 0
 
-        # 2. Train: one shard per worker; checkpoint with the driver's state when due.
-        save = t.save_every and (step + 1) % t.save_every == 0 or step + 1 == t.total_steps
+        # 2. Train on it: one shard per worker; a checkpoint (with the driver's state) when due.
+        due = (t.save_every and (step + 1) % t.save_every == 0) or step + 1 == t.total_steps
         shards = build_shards(flatten_groups(batch), t.num_workers, t.mini_batch_size, t.micro_batch_size, seed=t.seed + step)
-        state = {"cursor": cursor.state_dict(), "filler": filler.state_dict()} if save else None
-        ray.get(channel.put_shards.remote([{"minis": s, "save": state} for s in shards]))
-        res = next_result("step")
+        res = stack.train(shards, {"cursor": cursor.state_dict(), "filler": filler.state_dict()} if due else None)
         step = res["step"]
 
-        # 3. Sync: every replica serves the new version before the next rollout; check the weights.
+        # 3. Sync: every replica serves the new version before the next rollout; check its log-probs.
         t1 = time.time()
-        versions = wait_synced(store, handle, step)
-        engine_version, engine_lp = handle.sequence_logprobs.remote(probe_ids).result()
+        versions = stack.sync(step)
+        engine_version, engine_lp = stack.handle.sequence_logprobs.remote(probe_ids).result()
         probe_diff = max(abs(x - y) for x, y in zip(engine_lp, res.pop("probe_logprobs"), strict=True))
         metrics = {
             **batch_metrics(batch, generated, step - 1),
@@ -263,39 +299,39 @@ def run(cfg: Config, config_path: str = "") -> dict:
             "timing/generate_s": t_gen,
             "timing/step_s": time.time() - t0,
         }
-        summary["last_metrics"] = metrics
-        summary["probe_version"] = engine_version
+        summary["steps_log"].append({"step": step, "replica_versions": versions, "probe_version": engine_version,
+                                     "metrics": metrics})  # fmt: skip
         tracker.log(metrics, step=step)
-        m = metrics
-        log(f"step {step}/{t.total_steps}  reward {m['critic/score/mean']:+.3f}  acc {m['rollout/acc_all_generated']:.1%}  "
-            f"kept {fill.kept_groups}/{fill.generated_groups} groups in {fill.rounds} round(s)  "
-            f"entropy {m['actor/entropy']:.3f}  len {m['response_length/mean']:.1f}  "
-            f"clip+ {m['actor/pg_clipfrac_upper']:.3f} clip- {m['actor/pg_clipfrac_lower']:.3f}  "
-            f"sync diff {probe_diff:.1e}  gen {t_gen:.1f}s train {m['timing/update_s'] + m['timing/old_logprob_s']:.1f}s "
-            f"sync {m['weight_sync/wait_s']:.1f}s")  # fmt: skip
+        _print_step(step, t.total_steps, metrics, fill)
 
         # 4. Evaluate every eval.every steps.
         if eval_rows and cfg.eval.every and step % cfg.eval.every == 0 and step < t.total_steps:
-            ev = evaluate(cfg, eval_rows, APP_NAME, concurrency)
+            ev = evaluate(cfg, eval_rows, stack.app, concurrency)
             tracker.log(ev, step=step)
             summary["curve"].append((time.time() - t_train, ev["eval/avg_at_k"]))
             log(f"held-out at step {step}: avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%}")
 
-    ray.get(channel.put_shards.remote(None))
-    final = next_result("final")
-    fit_thread.join(timeout=120)
-    summary.update(steps=step, final_model=final["path"], train_s=time.time() - t_train)
+    final = stack.finish()
+    summary.update(steps=step, end_cursor=cursor.state_dict(), final_model=final, train_s=time.time() - t_train)
     if eval_rows:
-        ev = evaluate(cfg, eval_rows, APP_NAME, concurrency)
+        ev = evaluate(cfg, eval_rows, stack.app, concurrency)
         summary["eval_after"] = ev
         summary["curve"].append((time.time() - t_train, ev["eval/avg_at_k"]))
         tracker.log(ev, step=step)
         log(f"held-out after training: avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%}, pass@{cfg.eval.n} {ev['eval/pass_at_k']:.1%}")
     tracker.close()
-    serve.delete(APP_NAME)
     summary["wall_s"] = time.time() - t_start
-    log(f"final model: {final['path']}  ({summary['wall_s']:.0f}s in all)")
+    log(f"final model: {final}  ({summary['wall_s']:.0f}s in all)")
     return summary
+
+
+def _print_step(step: int, total: int, m: dict, fill) -> None:
+    log(f"step {step}/{total}  reward {m['critic/score/mean']:+.3f}  acc {m['rollout/acc_all_generated']:.1%}  "
+        f"kept {fill.kept_groups}/{fill.generated_groups} groups in {fill.rounds} round(s)  "
+        f"entropy {m['actor/entropy']:.3f}  len {m['response_length/mean']:.1f}  "
+        f"clip+ {m['actor/pg_clipfrac_upper']:.3f} clip- {m['actor/pg_clipfrac_lower']:.3f}  "
+        f"sync diff {m['weight_sync/logprob_max_diff']:.1e}  gen {m['timing/generate_s']:.1f}s "
+        f"train {m['timing/update_s'] + m['timing/old_logprob_s']:.1f}s sync {m['weight_sync/wait_s']:.1f}s")  # fmt: skip
 
 
 def _fit(trainer, errors: list) -> None:
@@ -311,8 +347,15 @@ def _weights_dir(run_name: str) -> str:
 
 
 def _init_ray(cfg: Config) -> None:
-    import ray
+    import logging
 
+    import ray
+    from ray.data import DataContext
+
+    ctx = DataContext.get_current()
+    ctx.enable_progress_bars = False
+    ctx.print_on_execution_start = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
     if ray.is_initialized():
         return
     env = {"DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu" if not cfg.trainer.use_gpu else "cuda"),
@@ -322,10 +365,3 @@ def _init_ray(cfg: Config) -> None:
     address = cfg.cluster.address or os.environ.get("RAY_ADDRESS") or None
     kwargs = {} if address else {"num_cpus": cfg.cluster.num_cpus}
     ray.init(address=address, runtime_env={"env_vars": env}, **kwargs)
-    import logging
-
-    from ray.data import DataContext
-
-    DataContext.get_current().enable_progress_bars = False
-    DataContext.get_current().print_on_execution_start = False
-    logging.getLogger("ray.data").setLevel(logging.WARNING)

@@ -18,6 +18,7 @@ call with the same arguments returns at once.
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import time
@@ -138,7 +139,7 @@ def build_tiny_model(
     target_acc: float = 0.10,
     max_warmup_s: float = 240.0,
     seed: int = 0,
-    log=print,
+    log=functools.partial(print, flush=True),
 ) -> Path:
     """Build (or reuse) the tiny model directory; see the module docstring."""
     from transformers import Qwen2ForCausalLM
