@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: setup demo test test-algo bench lint
+.PHONY: setup demo test test-fast bench lint
 
 setup:            ## build .venv from scratch (fast no-op when up to date)
 	bash scripts/setup.sh
@@ -15,8 +15,8 @@ demo: setup       ## set up, then run the DAPO demo on a tiny model on a local R
 test: setup       ## set up, then run the whole test suite
 	$(PY) -m pytest tests
 
-test-algo:        ## the pure algorithm tier only (seconds)
-	$(PY) -m pytest tests/algo -q
+test-fast:        ## the pure and unit tiers only (seconds)
+	$(PY) -m pytest tests/algo tests/unit -q
 
 bench:            ## benchmarks that print figures beside their baselines
 	$(PY) bench/verifier.py

@@ -209,8 +209,9 @@ def run(cfg: Config) -> dict:
     from transformers import AutoTokenizer
 
     t_start = time.time()
+    cfg = _absolute_paths(cfg)
     t, a, r = cfg.trainer, cfg.algorithm, cfg.rollout
-    out_dir = Path(t.output_dir).resolve()
+    out_dir = Path(t.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     _init_ray(cfg)
     tokenizer = AutoTokenizer.from_pretrained(r.model_path)
@@ -334,6 +335,23 @@ def _print_step(step: int, total: int, m: dict, fill) -> None:
         f"train {m['timing/update_s'] + m['timing/old_logprob_s']:.1f}s sync {m['weight_sync/wait_s']:.1f}s")  # fmt: skip
 
 
+def _absolute_paths(cfg: Config) -> Config:
+    """Ray workers and replicas do not share the driver's working directory: resolve paths here."""
+    from dataclasses import replace
+
+    model = Path(cfg.rollout.model_path)
+    if not (model / "config.json").exists():
+        raise FileNotFoundError(f"rollout.model_path={cfg.rollout.model_path!r} is not a local HF model directory "
+                                "(no config.json); models are loaded from paths, never downloaded")  # fmt: skip
+    return replace(
+        cfg,
+        rollout=replace(cfg.rollout, model_path=str(model.resolve())),
+        trainer=replace(cfg.trainer, output_dir=str(Path(cfg.trainer.output_dir).resolve())),
+        data=replace(cfg.data, train_files=tuple(str(Path(f).resolve()) for f in cfg.data.train_files)),
+        eval=replace(cfg.eval, files=tuple(str(Path(f).resolve()) for f in cfg.eval.files)),
+    )
+
+
 def _fit(trainer, errors: list) -> None:
     try:
         trainer.fit()
@@ -359,7 +377,7 @@ def _init_ray(cfg: Config) -> None:
     if ray.is_initialized():
         return
     env = {"DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu" if not cfg.trainer.use_gpu else "cuda"),
-           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}  # fmt: skip
     if "TORCH_EXTENSIONS_DIR" in os.environ:
         env["TORCH_EXTENSIONS_DIR"] = os.environ["TORCH_EXTENSIONS_DIR"]
     address = cfg.cluster.address or os.environ.get("RAY_ADDRESS") or None

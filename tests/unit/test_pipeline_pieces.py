@@ -1,0 +1,99 @@
+"""The driver-side pieces around the Ray stages, with plain values (no cluster)."""
+
+import pytest
+import torch
+
+from dapo_ray.algo import dapo_policy_loss
+from dapo_ray.driver import PromptCursor
+from dapo_ray.metrics import METRICS
+from dapo_ray.pipeline import ScoringSpec, score_group
+from dapo_ray.trainer.batch import DUMMY, build_shards, flatten_groups
+from dapo_ray.trainer.loop import SUM_KEYS, _pad
+
+SPEC = ScoringSpec("dapo", max_response_length=20, soft_overlong=True, overlong_cache_length=4,
+                   overlong_penalty_factor=1.0, overlong_filter=True, adv_eps=1e-6, adv_std_unbiased=True)  # fmt: skip
+
+
+def group(texts, lengths, reasons, gt="12"):
+    return {"prompt_ids": [5, 6, 7], "ground_truth": gt, "texts": texts,
+            "response_ids": [[9] * n for n in lengths], "rollout_logprobs": [[-0.5] * n for n in lengths],
+            "finish_reasons": reasons, "policy_version": 0}  # fmt: skip
+
+
+def test_score_group_adds_its_columns():
+    row = score_group(group(["Answer: 12", "Answer: 13", "Answer: 12", "x" * 20], [5, 5, 18, 20],
+                            ["stop", "stop", "stop", "length"]), SPEC)  # fmt: skip
+    assert row["acc"] == [True, False, True, False]
+    # Eq. 13: 18 tokens is 2 into the 4-token cache -> -0.5; 20 tokens (= L_max) -> -1.
+    assert row["scores"] == pytest.approx([1.0, -1.0, 0.5, -2.0])
+    assert row["truncated"] == [False, False, False, True]
+    assert row["loss_weights"] == [1.0, 1.0, 1.0, 0.0]  # overlong filtering
+    assert sum(row["advantages"]) == pytest.approx(0.0, abs=1e-6)
+    assert row["keep"] is True
+
+
+def test_keep_uses_correctness_not_shaped_score():
+    # Both wrong, different lengths -> different scores but no correctness signal: dropped.
+    row = score_group(group(["Answer: 1", "Answer: 2"], [3, 18], ["stop", "stop"]), SPEC)
+    assert row["scores"][0] != row["scores"][1] and row["keep"] is False
+
+
+def test_switches_off():
+    spec = ScoringSpec("dapo", 20, False, 4, 1.0, False, 1e-6, True)
+    row = score_group(group(["Answer: 12", "y"], [18, 20], ["stop", "length"]), spec)
+    assert row["scores"] == [1.0, -1.0] and row["loss_weights"] == [1.0, 1.0]
+
+
+def test_shards_have_equal_structure_and_global_counts():
+    groups = [score_group(group(["Answer: 12", "Answer: 1"], [3, 4 + i], ["stop", "stop"]), SPEC) for i in range(5)]
+    samples = flatten_groups(groups)
+    assert len(samples) == 10 and samples[0]["input_ids"][:3] == [5, 6, 7] and samples[0]["n_prompt"] == 3
+    shards = build_shards(samples, world_size=2, mini_batch_size=8, micro_batch_size=2, seed=0)
+    assert len(shards) == 2
+    for shard in shards:  # 2 mini-batches (8 + 2 padded to 8), 2 micro-batches of 2 each per rank
+        assert len(shard) == 2 and all(len(m["micro"]) == 2 and all(len(x) == 2 for x in m["micro"]) for m in shard)
+    real = [s for shard in shards for m in shard for micro in m["micro"] for s in micro if s is not DUMMY]
+    assert len(real) == 10
+    tokens = sum(len(s["input_ids"]) - 3 for s in samples)
+    assert sum(shards[0][m]["total_tokens"] for m in range(2)) == tokens
+    assert shards[0][0]["total_tokens"] == shards[1][0]["total_tokens"]
+
+
+def test_sharded_loss_sums_to_the_whole_batch_loss():
+    """What the trainer does across ranks and micro-batches gives the loss of the whole mini-batch."""
+    groups = [score_group(group(["Answer: 12", "Answer: 1"], [2 + i, 5], ["stop", "stop"]), SPEC) for i in range(4)]
+    samples = flatten_groups(groups)
+    g = torch.Generator().manual_seed(0)
+    shards = build_shards(samples, world_size=2, mini_batch_size=8, micro_batch_size=2, seed=1)
+
+    def loss_of(micro, total):
+        ids, _, mask, adv, roll = _pad(micro, 0)
+        logp = roll + 0.1 * torch.randn(roll.shape, generator=g)
+        return dapo_policy_loss(logp, roll, adv, mask, total_tokens=total)[0], logp, roll, adv, mask
+
+    parts = [loss_of(micro, shard[0]["total_tokens"]) for shard in shards for micro in shard[0]["micro"]]
+    total_loss = sum(float(p[0]) for p in parts)
+    # The same token losses, aggregated at once.
+    num = sum(float(dapo_policy_loss(lp, old, adv, mask, total_tokens=1.0)[0]) for _, lp, old, adv, mask in parts)
+    assert total_loss == pytest.approx(num / shards[0][0]["total_tokens"])
+
+
+def test_pad_aligns_targets_and_masks():
+    s = {"input_ids": [1, 2, 3, 4, 5], "n_prompt": 3, "weight": 1.0, "advantage": 2.0, "rollout_logprobs": [-0.1, -0.2]}
+    ids, att, mask, adv, roll = _pad([s, DUMMY], 0)
+    # positions 2 and 3 predict tokens 4 and 5 (the response)
+    assert mask[0].tolist() == [0, 0, 1, 1] and roll[0].tolist() == pytest.approx([0, 0, -0.1, -0.2])
+    assert mask[1].sum() == 0 and adv.tolist() == [2.0, 0.0]
+
+
+def test_prompt_cursor_epochs_and_state():
+    c = PromptCursor([{"i": i} for i in range(5)], shuffle=True, seed=3)
+    first = [r["i"] for r in c.take(7)]
+    assert sorted(first[:5]) == list(range(5)) and c.epoch == 1 and c.index == 2
+    d = PromptCursor([{"i": i} for i in range(5)], shuffle=True, seed=3)
+    d.load_state_dict(c.state_dict())
+    assert [r["i"] for r in d.take(3)] == [r["i"] for r in c.take(3)]
+
+
+def test_every_trainer_metric_is_registered():
+    assert all(f"actor/{k}" in METRICS for k in SUM_KEYS)
