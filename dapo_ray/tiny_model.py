@@ -139,11 +139,12 @@ def build_tiny_model(
     target_acc: float = 0.10,
     max_warmup_s: float = 240.0,
     seed: int = 0,
-    log=functools.partial(print, flush=True),
+    log=None,
 ) -> Path:
     """Build (or reuse) the tiny model directory; see the module docstring."""
     from transformers import Qwen2ForCausalLM
 
+    log = log or functools.partial(print, flush=True)
     out = Path(out_dir)
     synthetic = dict(synthetic or {})
     spec = dict(synthetic=synthetic, target_acc=target_acc, seed=seed, version=1)
