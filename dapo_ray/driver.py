@@ -233,9 +233,11 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
     t, r = cfg.trainer, cfg.rollout
     ready = stack.next_result("ready")
     step = ready["step"]
+    totals = {"generated_groups": 0, "kept_groups": 0, "rounds": 0, "partial_steps": 0, "skipped_steps": 0}
     if ready["driver_state"]:
         cursor.load_state_dict(ready["driver_state"]["cursor"])
         filler.load_state_dict(ready["driver_state"]["filler"])
+        totals = ready["driver_state"]["totals"]
         log(f"resumed from the checkpoint of step {step} (epoch {cursor.epoch}, prompt {cursor.index})")
     stack.sync(step)
     concurrency = r.max_replicas * 2
@@ -265,6 +267,10 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
             filler.add(groups, keep=[g["keep"] for g in groups])
         batch, fill = filler.finish()
         t_gen = time.time() - t0
+        for k in ("generated_groups", "kept_groups", "rounds"):
+            totals[k] += getattr(fill, k)
+        totals["partial_steps"] += fill.outcome == "partial"
+        totals["skipped_steps"] += fill.outcome == "empty"
         if fill.outcome != "full":
             log(fill.message)
         if fill.outcome == "stopped":
@@ -281,7 +287,8 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
         # 2. Train on it: one shard per worker; a checkpoint (with the driver's state) when due.
         due = (t.save_every and (step + 1) % t.save_every == 0) or step + 1 == t.total_steps
         shards = build_shards(flatten_groups(batch), t.num_workers, t.mini_batch_size, t.micro_batch_size, seed=t.seed + step)
-        res = stack.train(shards, {"cursor": cursor.state_dict(), "filler": filler.state_dict()} if due else None)
+        state = {"cursor": cursor.state_dict(), "filler": filler.state_dict(), "totals": totals}
+        res = stack.train(shards, state if due else None)
         step = res["step"]
 
         # 3. Sync: every replica serves the new version before the next rollout; check its log-probs.
@@ -313,7 +320,10 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
             log(f"held-out at step {step}: avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%}")
 
     final = stack.finish()
-    summary.update(steps=step, end_cursor=cursor.state_dict(), final_model=final, train_s=time.time() - t_train)
+    summary.update(steps=step, end_cursor=cursor.state_dict(), final_model=final, train_s=time.time() - t_train,
+                   totals=totals)  # fmt: skip
+    log(f"dynamic sampling over the run: kept {totals['kept_groups']}/{totals['generated_groups']} groups in "
+        f"{totals['rounds']} rounds; {totals['partial_steps']} partial and {totals['skipped_steps']} skipped steps")
     if eval_rows:
         ev = evaluate(cfg, eval_rows, stack.app, concurrency)
         summary["eval_after"] = ev

@@ -100,7 +100,7 @@ def generate_round(prompts: list[dict], app_name: str, sampling: SamplingSpec, s
         batch_size=prompts_per_call,
         batch_format="pyarrow",
         num_cpus=0,  # it only waits on the deployment
-        concurrency=max(1, max_concurrency),
+        compute=ray.data.TaskPoolStrategy(size=max(1, max_concurrency)),
     )
     ds = ds.map(score_group, fn_kwargs={"spec": scoring})
     return ds.take_all()

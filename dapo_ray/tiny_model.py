@@ -174,7 +174,7 @@ def build_tiny_model(
             opt.step()
             opt.zero_grad()
             step += 1
-        acc = sampled_accuracy(model, tokenizer, held_out[:32], samples=4, max_new_tokens=max_new, seed=step)
+        acc = sampled_accuracy(model, tokenizer, held_out[:64], samples=4, max_new_tokens=max_new, seed=step)
         log(f"[tiny-model] step {step:4d}  loss {loss.item():.3f}  sampled accuracy {acc:.1%}  {time.time() - t0:.0f}s")
         if acc >= target_acc:
             break

@@ -148,6 +148,8 @@ def deploy_rollout(cfg: RolloutConfig, max_model_len: int, store_name: str, seed
         except ImportError:
             pass
     actor_options["runtime_env"] = {"env_vars": engine_env(cfg.cpu_kvcache_space_gib)}
+    # Requests come through deployment handles (Ray Data, the driver), so no HTTP proxy is needed.
+    serve.start(proxy_location="Disabled", logging_config={"log_level": "WARNING"})
     app = RolloutServer.options(ray_actor_options=actor_options, **scaling).bind(
         dataclasses.asdict(cfg), max_model_len, store_name, seed
     )

@@ -23,7 +23,7 @@ class Completion(TypedDict):
 
 def engine_env(kv_cache_gib: int, in_process: bool = True) -> dict[str, str]:
     """Environment the CPU engine needs before vllm is imported (see DESIGN: vLLM on CPU)."""
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib)}
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "VLLM_LOGGING_LEVEL": "WARNING"}
     if in_process:  # 2 s start-up instead of ~25 s; one engine per replica process anyway
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return env

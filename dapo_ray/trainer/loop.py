@@ -79,6 +79,17 @@ def publish_weights(engine, version: int, out_dir: Path, store, zero_stage: int,
     return time.time() - t0, nbytes
 
 
+def _quiet_ray_train_reports() -> None:
+    """Ray Train logs every report's whole metrics dict at INFO; the driver prints its own step line."""
+    import logging
+
+    try:
+        from ray.train.v2._internal.execution import context
+    except ImportError:
+        return
+    logging.getLogger(context.__file__).setLevel(logging.WARNING)
+
+
 def train_loop(params: dict) -> None:
     """`params`: {"config": Config, "channel": name, "store": name, "namespace": str, "weights_dir": str,
     "probe_ids": list[int]}."""
@@ -88,6 +99,7 @@ def train_loop(params: dict) -> None:
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM
 
+    _quiet_ray_train_reports()
     cfg: Config = params["config"]
     t, a = cfg.trainer, cfg.algorithm
     ctx = ray.train.get_context()

@@ -53,6 +53,12 @@ def test_three_steps_on_the_real_stack(tiny_model_dir, ray_cluster, tmp_path):
         assert m["dynamic_sampling/carried_out"] == m["dynamic_sampling/carried_in"] + k - b
         assert m["actor/updates"] >= 1 and m["weight_sync/bytes"] > 0
     assert summary["eval_after"]["eval/avg_at_k"] >= 0.0
+    # The final model is a HF directory that transformers loads with its tokenizer.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(summary["final_model"])
+    torch.testing.assert_close(model.state_dict()["lm_head.weight"], after["lm_head.weight"])
+    assert AutoTokenizer.from_pretrained(summary["final_model"]).encode("Answer: 7") == [35, 80, 85, 89, 71, 84, 28, 2, 25]
 
 
 def test_resume_continues_from_the_checkpoint(tiny_model_dir, ray_cluster, tmp_path):
@@ -63,5 +69,6 @@ def test_resume_continues_from_the_checkpoint(tiny_model_dir, ray_cluster, tmp_p
     second = run(load_config(TINY_CFG, base + ["trainer.total_steps=3"]))
     assert second["start_step"] == 2
     assert second["start_cursor"] == first["end_cursor"]  # the data position came back
+    assert second["totals"]["generated_groups"] > first["totals"]["generated_groups"]  # counters too
     assert [e["step"] for e in second["steps_log"]] == [3]
     assert "eval_before" not in second  # a resumed run does not re-evaluate step 0
