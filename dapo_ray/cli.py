@@ -23,10 +23,7 @@ def _check(args: argparse.Namespace) -> int:
           f"loss {a.loss_agg_mode}, dynamic sampling {'on' if a.dynamic_sampling else 'off'}")  # fmt: skip
     t0 = time.time()
     if cfg.data.source == "synthetic":
-        s = cfg.data.synthetic
-        rows, held_out = synthetic_prompts(s.num_train, s.num_eval, flavour=s.flavour, num_terms=s.num_terms,
-                                           min_operand=s.min_operand, max_operand=s.max_operand,
-                                           operators=s.operators, seed=s.seed)  # fmt: skip
+        rows, held_out = synthetic_prompts(**_synthetic_kwargs(cfg))
         print(f"[check] synthetic task: {len(rows)} train / {len(held_out)} held-out problems")
     else:
         rows, report = load_prompts(cfg.data.train_files, cfg.data.template, cfg.data.dedupe, cfg.data.on_bad_row)
@@ -61,10 +58,10 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 
 
 def _synthetic_kwargs(cfg) -> dict:
+    """`data.synthetic` as the keyword arguments of `data.synthetic_prompts` (the same names)."""
     import dataclasses
 
-    s = dataclasses.asdict(cfg.data.synthetic)
-    return s
+    return dataclasses.asdict(cfg.data.synthetic)
 
 
 def _train(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ Re-running the same command resumes from the last checkpoint (Ray Train's, under
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import statistics
@@ -68,11 +69,8 @@ def prepare_prompts(cfg: Config, tokenizer) -> tuple[list[dict], list[dict]]:
     """(train rows, held-out rows) with `prompt_ids`, prompts over max_prompt_length dropped."""
     d = cfg.data
     if d.source == "synthetic":
-        s = d.synthetic
-        train, held_out = synthetic_prompts(s.num_train, s.num_eval, flavour=s.flavour, num_terms=s.num_terms,
-                                            min_operand=s.min_operand, max_operand=s.max_operand,
-                                            operators=s.operators, seed=s.seed)  # fmt: skip
-        log(f"synthetic task ({s.flavour}): {len(train)} train / {len(held_out)} held-out problems")
+        train, held_out = synthetic_prompts(**dataclasses.asdict(d.synthetic))
+        log(f"synthetic task ({d.synthetic.flavour}): {len(train)} train / {len(held_out)} held-out problems")
     else:
         train, report = load_prompts(d.train_files, d.template, d.dedupe, d.on_bad_row)
         log(f"train data: {report}")
