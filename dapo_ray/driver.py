@@ -195,6 +195,8 @@ class Stack:
     def close(self) -> None:
         from ray import serve
 
+        if not self._ray.is_initialized():  # serve.delete would start a new local cluster
+            return
         try:
             serve.delete(self.app)
         finally:
