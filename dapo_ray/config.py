@@ -36,6 +36,8 @@ class SyntheticConfig:
     """Largest operand (difficulty)."""
     operators: str = "+"
     """Operators to draw from, a subset of `+-*`."""
+    style: Literal["words", "symbols"] = "words"
+    """`words`: "Start with 49, add 5. What is the result?"; `symbols`: "49+5=" (shorter prompts)."""
     num_train: int = 4096
     """Training problems generated."""
     num_eval: int = 64

@@ -199,8 +199,10 @@ def load_prompts(
 _OP_WORDS = {"+": "add {b}", "-": "subtract {b}", "*": "multiply by {b}"}
 
 
-def synthetic_problem(rng: random.Random, num_terms: int, lo: int, hi: int, operators: str) -> tuple[str, str, list[str]]:
-    """One left-to-right arithmetic word problem: (problem text, answer, scratchpad lines).
+def synthetic_problem(rng: random.Random, num_terms: int, lo: int, hi: int, operators: str,
+                      style: str = "words") -> tuple[str, str, list[str]]:  # fmt: skip
+    """One left-to-right arithmetic problem: (problem text, answer, scratchpad lines). `style="words"`
+    phrases it as a sentence; `"symbols"` writes the expression, evaluated left to right (`49+5=`).
 
     >>> synthetic_problem(random.Random(0), 2, 0, 99, "+")
     ('Start with 49, add 5. What is the result?', '54', ['49 + 5 = 54'])
@@ -214,6 +216,12 @@ def synthetic_problem(rng: random.Random, num_terms: int, lo: int, hi: int, oper
         words.append(_OP_WORDS[op].format(b=b))
         steps.append(f"{value} {op} {b} = {new}")
         value = new
+    if style == "symbols":  # left to right, so parenthesise a product that follows a sum
+        expr = steps[0].split(" ")[0]
+        for step in steps:
+            _, op, b = step.split(" = ")[0].split(" ")
+            expr = f"({expr}){op}{b}" if op == "*" and ("+" in expr or "-" in expr[1:]) else f"{expr}{op}{b}"
+        return expr + "=", str(value), steps
     return ", ".join(words) + ". What is the result?", str(value), steps
 
 
@@ -226,6 +234,7 @@ def synthetic_prompts(
     min_operand: int = 0,
     max_operand: int = 99,
     operators: str = "+",
+    style: Literal["words", "symbols"] = "words",
     seed: int = 0,
 ) -> tuple[list[PromptRow], list[PromptRow]]:
     """Seeded arithmetic word problems with integer answers: (train rows, eval rows), never overlapping.
@@ -246,7 +255,7 @@ def synthetic_prompts(
     splits: dict[str, list[PromptRow]] = {"train": [], "eval": []}
     for split, count in (("train", num_train), ("eval", num_eval)):
         while len(splits[split]) < count:
-            text, answer, steps = synthetic_problem(rng, num_terms, min_operand, max_operand, operators)
+            text, answer, steps = synthetic_problem(rng, num_terms, min_operand, max_operand, operators, style)
             if text in seen:
                 continue
             seen.add(text)

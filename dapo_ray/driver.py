@@ -121,9 +121,10 @@ def batch_metrics(batch: list[dict], generated: list[dict], version: int) -> dic
     return {
         "critic/score/mean": statistics.fmean(s for g in batch for s in g["scores"]),
         "critic/acc/mean": statistics.fmean(a for g in batch for a in g["acc"]),
-        "rollout/acc_all_generated": statistics.fmean(all_acc) if all_acc else 0.0,
-        "rollout/solve_all_ratio": statistics.fmean(all(g["acc"]) for g in generated) if generated else 0.0,
-        "rollout/solve_none_ratio": statistics.fmean(not any(g["acc"]) for g in generated) if generated else 0.0,
+        # A step filled entirely from carried-over groups generated nothing new: report its batch.
+        "rollout/acc_all_generated": statistics.fmean(all_acc or [a for g in batch for a in g["acc"]]),
+        "rollout/solve_all_ratio": statistics.fmean(all(g["acc"]) for g in generated or batch),
+        "rollout/solve_none_ratio": statistics.fmean(not any(g["acc"]) for g in generated or batch),
         "response_length/mean": statistics.fmean(lengths),
         "response_length/clip_ratio": statistics.fmean(t for g in batch for t in g["truncated"]),
         "rollout/policy_version_lag": statistics.fmean(version - g["policy_version"] for g in batch),

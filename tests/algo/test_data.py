@@ -115,3 +115,16 @@ def test_synthetic_short_flavour_and_too_small_space():
     assert all(r["solution"] == f"Answer: {r['ground_truth']}" for r in tr)
     with pytest.raises(ValueError, match="distinct problems"):
         synthetic_prompts(100, 10, max_operand=3)
+
+
+def test_symbols_style_is_left_to_right():
+    import random as _random
+
+    from dapo_ray.data import synthetic_problem
+
+    text, answer, steps = synthetic_problem(_random.Random(0), 2, 0, 99, "+", style="symbols")
+    assert text == "49+5=" and answer == "54"
+    rng = _random.Random(5)
+    for _ in range(200):
+        text, answer, _ = synthetic_problem(rng, 3, 0, 20, "+-*", style="symbols")
+        assert eval(text[:-1]) == int(answer), text  # the test evaluates its own generated text
