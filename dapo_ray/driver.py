@@ -392,5 +392,10 @@ def _init_ray(cfg: Config) -> None:
     if "TORCH_EXTENSIONS_DIR" in os.environ:
         env["TORCH_EXTENSIONS_DIR"] = os.environ["TORCH_EXTENSIONS_DIR"]
     address = cfg.cluster.address or os.environ.get("RAY_ADDRESS") or None
-    kwargs = {} if address else {"num_cpus": cfg.cluster.num_cpus}
-    ray.init(address=address, runtime_env={"env_vars": env}, **kwargs)
+    if address:
+        # Under `ray job submit` the job's runtime_env already reaches every worker, and Ray refuses a
+        # driver runtime_env that repeats one of its variables: add only what is not set here yet.
+        env = {k: v for k, v in env.items() if k not in os.environ}
+        ray.init(address=address, runtime_env={"env_vars": env} if env else None)
+    else:
+        ray.init(num_cpus=cfg.cluster.num_cpus, runtime_env={"env_vars": env})
