@@ -398,4 +398,4 @@ def _init_ray(cfg: Config) -> None:
         env = {k: v for k, v in env.items() if k not in os.environ}
         ray.init(address=address, runtime_env={"env_vars": env} if env else None)
     else:
-        ray.init(num_cpus=cfg.cluster.num_cpus, runtime_env={"env_vars": env})
+        ray.init(address="local", num_cpus=cfg.cluster.num_cpus, runtime_env={"env_vars": env})  # always our own

@@ -73,8 +73,7 @@ class Engine:
                 {
                     "text": c.text,
                     "response_ids": list(c.token_ids),
-                    "logprobs": [next(iter(d.values())).logprob if len(d) == 1 else d[t].logprob
-                                 for t, d in zip(c.token_ids, c.logprobs, strict=True)],  # fmt: skip
+                    "logprobs": [d[t].logprob for t, d in zip(c.token_ids, c.logprobs, strict=True)],
                     "finish_reason": "length" if c.finish_reason == "length" else "stop",
                 }
                 for c in out.outputs

@@ -148,7 +148,7 @@ def train_loop(params: dict) -> None:
         lr = t.lr * min(1.0, (step + 1) / t.warmup_steps) if t.warmup_steps else t.lr
         for group in optimizer.param_groups:
             group["lr"] = lr
-        totals = torch.zeros(8, dtype=torch.float64)  # tokens, entropy, |old-rollout|, stats..., loss
+        totals = torch.zeros(3 + len(SUM_KEYS), dtype=torch.float64)  # tokens, entropy, |old-rollout|, SUM_KEYS
 
         # Old log-probs under the weights that generated (or nearly: carried groups) the batch.
         engine.eval()
