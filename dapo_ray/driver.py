@@ -8,6 +8,7 @@ Re-running the same command resumes from the last checkpoint (Ray Train's, under
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import random
 import statistics
@@ -116,8 +117,6 @@ def batch_metrics(batch: list[dict], generated: list[dict], version: int) -> dic
     lengths = [len(ids) for g in batch for ids in g["response_ids"]]
     lps = [lp for g in batch for seq in g["rollout_logprobs"] for lp in seq]
     all_acc = [a for g in generated for a in g["acc"]]
-    import math
-
     return {
         "critic/score/mean": statistics.fmean(s for g in batch for s in g["scores"]),
         "critic/acc/mean": statistics.fmean(a for g in batch for a in g["acc"]),
