@@ -162,11 +162,12 @@ def _math_verify(response: str, ground_truth: str) -> Score:
 
 # Math-Verify bounds its time with SIGALRM, which only works in the main thread; elsewhere (Ray actors
 # with concurrency, thread pools) it raises, and every answer would silently score -1. Off the main
-# thread we therefore ask one helper process , whose main thread can
+# thread we therefore ask one helper process, whose main thread can
 # use the alarm, over a pipe of JSON lines. A helper that hangs past HELPER_TIMEOUT_S is killed.
 _helper: subprocess.Popen | None = None
 _helper_lock = threading.Lock()
 HELPER_TIMEOUT_S = 5.0
+HELPER_START_TIMEOUT_S = 120.0
 
 
 def _math_verify_off_main_thread(response: str, ground_truth: str) -> Score:
@@ -177,6 +178,14 @@ def _math_verify_off_main_thread(response: str, ground_truth: str) -> Score:
                 [sys.executable, "-c", "from dapo_ray.algo.reward import _serve; _serve()"],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
             )  # fmt: skip
+            # Its start-up (importing sympy and Math-Verify) takes seconds on a busy machine: wait for it
+            # apart, so the per-answer timeout below bounds the verification alone.
+            ready, _, _ = select.select([_helper.stdout], [], [], HELPER_START_TIMEOUT_S)
+            if not ready or _helper.stdout.readline().strip() != "ready":
+                _helper.kill()
+                _helper.wait()
+                _helper = None
+                return {"score": -1.0, "acc": False, "pred": INVALID}
         helper = _helper
         helper.stdin.write(json.dumps([response, ground_truth]) + "\n")
         helper.stdin.flush()
@@ -192,7 +201,12 @@ def _math_verify_off_main_thread(response: str, ground_truth: str) -> Score:
 
 
 def _serve() -> None:
-    """The helper's loop: one `[response, ground_truth]` JSON line in, one Score JSON line out."""
+    """The helper's loop: "ready" once imported, then one `[response, ground_truth]` JSON line in, one
+    Score JSON line out."""
+    import math_verify  # noqa: F401 - the slow import, before saying ready
+
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
     for line in sys.stdin:
         response, ground_truth = json.loads(line)
         try:
