@@ -130,10 +130,16 @@ class AlgorithmConfig:
     """Cap on generation rounds per step when dynamic sampling is on."""
     on_cap: Literal["train_partial", "stop"] = "train_partial"
     """At the cap: train on the groups kept so far, or stop training with a message."""
-    carry_over: bool = True
-    """Keep surplus kept groups for the next step instead of discarding them."""
+    carry_over: bool = False
+    """Keep surplus kept groups for the next step instead of discarding them (verl discards them)."""
+    max_policy_lag: int = 1
+    """Samples generated more than this many policy versions before the one they train are dropped (and
+    counted); those within it use the engine's log-probs as the ratio's denominator."""
     kl_coef: float = 0.0
-    """KL penalty to the initial policy; DAPO removes it (section 2.3), so 0."""
+    """KL penalty to the initial (reference) policy in the loss; DAPO removes it (section 2.3), so 0.
+    When > 0 each trainer worker also holds a frozen reference model."""
+    kl_estimator: Literal["low_var_kl", "kl", "abs", "mse"] = "low_var_kl"
+    """Per-token KL estimator (verl's names): k3 `low_var_kl`, k1 `kl`, `abs`, k2 `mse`."""
     adv_eps: float = 1e-6
     """Epsilon added to the group std in the advantage (Eq. 9)."""
     adv_std_unbiased: bool = True
@@ -174,6 +180,9 @@ class TrainerConfig:
     """Parameter / compute dtype of the trainer."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
+    logprob_chunk_size: int = 1024
+    """Sequence positions per chunk when turning hidden states into log-probs and entropy: bounds the
+    float32 logits held at once to micro_batch_size x this x vocabulary."""
     save_every: int = 10
     """Checkpoint every this many steps (0: only at the end)."""
     output_dir: str = "runs"
@@ -375,6 +384,9 @@ def validate(cfg: Config) -> None:
     check(a.clip_ratio_c is None or a.clip_ratio_c > 1.0, "algorithm.clip_ratio_c must be > 1 or null")
     check(a.kl_coef >= 0.0, f"algorithm.kl_coef must be >= 0, got {a.kl_coef}")
     check(a.max_gen_rounds >= 1, "algorithm.max_gen_rounds must be >= 1")
+    check(a.max_policy_lag >= 0, f"algorithm.max_policy_lag must be >= 0, got {a.max_policy_lag}")
+    check(t.ppo_epochs >= 1, f"trainer.ppo_epochs must be >= 1, got {t.ppo_epochs}")
+    check(t.logprob_chunk_size >= 1, f"trainer.logprob_chunk_size must be >= 1, got {t.logprob_chunk_size}")
     check(
         0 < a.overlong_cache_length < r.max_response_length or not a.soft_overlong,
         f"algorithm.overlong_cache_length ({a.overlong_cache_length}) must be in "

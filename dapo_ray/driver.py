@@ -127,6 +127,7 @@ def batch_metrics(batch: list[dict], generated: list[dict], version: int) -> dic
         "response_length/mean": statistics.fmean(lengths),
         "response_length/clip_ratio": statistics.fmean(t for g in batch for t in g["truncated"]),
         "rollout/policy_version_lag": statistics.fmean(version - g["policy_version"] for g in batch),
+        "rollout/policy_version_lag_max": max(version - g["policy_version"] for g in batch),
         "actor/mean_token_prob": statistics.fmean(math.exp(x) for x in lps) if lps else 0.0,
     }
 
@@ -147,6 +148,7 @@ class Stack:
         t, r = cfg.trainer, cfg.rollout
         name = out_dir.name
         self.app = APP_NAME
+        self.num_workers = t.num_workers
         self.store = create_store(f"weights-{name}")
         self.channel = Channel.options(name=f"channel-{name}", namespace=STORE_NAMESPACE).remote(t.num_workers)
         log(f"deploying {r.num_replicas} vLLM rollout replica(s) of {r.model_path}")
@@ -179,6 +181,11 @@ class Stack:
     def train(self, shards: list, save_state: dict | None) -> dict:
         self._ray.get(self.channel.put_shards.remote([{"minis": s, "save": save_state} for s in shards]))
         return self.next_result("step")
+
+    def save(self, save_state: dict) -> None:
+        """A checkpoint of the current weights and `save_state`, without training."""
+        self._ray.get(self.channel.put_shards.remote([{"minis": None, "save": save_state}] * self.num_workers))
+        self.next_result("saved")
 
     def sync(self, version: int) -> dict[str, int]:
         from dapo_ray.rollout.deployment import wait_synced
@@ -218,7 +225,7 @@ def run(cfg: Config) -> dict:
     train_rows, eval_rows = prepare_prompts(cfg, tokenizer)
     cursor = PromptCursor(train_rows, cfg.data.shuffle, cfg.data.seed)
     filler: BatchFiller[dict] = BatchFiller(t.train_batch_size, a.max_gen_rounds, a.on_cap, a.carry_over,
-                                            enabled=a.dynamic_sampling)  # fmt: skip
+                                            enabled=a.dynamic_sampling, max_lag=a.max_policy_lag)  # fmt: skip
     probe_ids = train_rows[0]["prompt_ids"] + tokenizer.encode("Answer: 0", add_special_tokens=False)
     stack = Stack(cfg, out_dir, probe_ids)
     try:
@@ -233,7 +240,8 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
     t, r = cfg.trainer, cfg.rollout
     ready = stack.next_result("ready")
     step = ready["step"]
-    totals = {"generated_groups": 0, "kept_groups": 0, "rounds": 0, "partial_steps": 0, "skipped_steps": 0}
+    totals = {"generated_groups": 0, "kept_groups": 0, "rounds": 0, "partial_steps": 0, "skipped_steps": 0,
+              "stale_dropped": 0}
     if ready["driver_state"]:
         cursor.load_state_dict(ready["driver_state"]["cursor"])
         filler.load_state_dict(ready["driver_state"]["filler"])
@@ -257,23 +265,26 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
     while step < t.total_steps:
         t0 = time.time()
         # 1. Sample and score rounds of prompts until the batch is full (Dynamic Sampling, Eq. 11).
-        filler.start_step()
+        filler.start_step(version=step)
         generated: list[dict] = []
         while filler.needs_more():
             prompts = cursor.take(filler.prompts_for_next_round(t.gen_batch_size))
             groups = generate_round(prompts, stack.app, sampling, _scoring(cfg),
                                     prompts_per_call=max(1, len(prompts) // concurrency), max_concurrency=concurrency)  # fmt: skip
             generated += groups
-            filler.add(groups, keep=[g["keep"] for g in groups])
+            filler.add(groups, keep=[g["keep"] for g in groups], versions=[g["policy_version"] for g in groups])
         batch, fill = filler.finish()
         t_gen = time.time() - t0
-        for k in ("generated_groups", "kept_groups", "rounds"):
-            totals[k] += getattr(fill, k)
+        for k in ("generated_groups", "kept_groups", "rounds", "stale_dropped"):
+            totals[k] = totals.get(k, 0) + getattr(fill, k)
         totals["partial_steps"] += fill.outcome == "partial"
         totals["skipped_steps"] += fill.outcome == "empty"
         if fill.outcome != "full":
             log(fill.message)
-        if fill.outcome == "stopped":
+        if fill.outcome == "stopped":  # checkpoint first: the kept groups and the data cursor survive
+            stack.save({"cursor": cursor.state_dict(), "filler": filler.state_dict(), "totals": totals})
+            log(f"saved a checkpoint at step {step} with {fill.carried_out} kept groups; re-run to resume")
+            summary["stopped"] = {"step": step, "kept_groups": fill.carried_out}
             break
         if fill.outcome == "empty":
             empty_steps += 1
@@ -323,7 +334,8 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
     summary.update(steps=step, end_cursor=cursor.state_dict(), final_model=final, train_s=time.time() - t_train,
                    totals=totals)  # fmt: skip
     log(f"dynamic sampling over the run: kept {totals['kept_groups']}/{totals['generated_groups']} groups in "
-        f"{totals['rounds']} rounds; {totals['partial_steps']} partial and {totals['skipped_steps']} skipped steps")
+        f"{totals['rounds']} rounds; {totals['partial_steps']} partial and {totals['skipped_steps']} skipped steps; "
+        f"{totals.get('stale_dropped', 0)} carried groups dropped as older than max_policy_lag")
     if eval_rows:
         ev = evaluate(cfg, eval_rows, stack.app, concurrency)
         summary["eval_after"] = ev
@@ -340,7 +352,7 @@ def _print_step(step: int, total: int, m: dict, fill) -> None:
     log(f"step {step}/{total}  reward {m['critic/score/mean']:+.3f}  acc {m['rollout/acc_all_generated']:.1%}  "
         f"kept {fill.kept_groups}/{fill.generated_groups} groups in {fill.rounds} round(s)  "
         f"entropy {m['actor/entropy']:.3f}  len {m['response_length/mean']:.1f}  "
-        f"clip+ {m['actor/pg_clipfrac_upper']:.3f} clip- {m['actor/pg_clipfrac_lower']:.3f}  "
+        f"clip+ {m['actor/clipfrac_high']:.3f} clip- {m['actor/clipfrac_low']:.3f}  "
         f"sync diff {m['weight_sync/logprob_max_diff']:.1e}  gen {m['timing/generate_s']:.1f}s "
         f"train {m['timing/update_s'] + m['timing/old_logprob_s']:.1f}s sync {m['weight_sync/wait_s']:.1f}s")  # fmt: skip
 

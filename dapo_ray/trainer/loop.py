@@ -1,9 +1,11 @@
 """The Ray Train worker loop: DeepSpeed engine, old log-probs, DAPO mini-batch updates, weight publish,
 checkpoints through `ray.train.report`.
 
-Each step: pull this rank's shard from the channel -> recompute old log-probs (and entropy) with the
-current weights -> for every mini-batch, accumulate micro-batch gradients of the DAPO loss and take one
-optimizer step -> rank 0 writes the new weights and publishes them as version step+1 -> report.
+Each step (`train_step`): pull this rank's shard from the channel -> old log-probs (the behaviour
+policy's: recomputed with the current weights for fresh samples, the engine's for samples an older
+version generated) and, with a KL term, the reference model's -> `ppo_epochs` passes over the
+mini-batches, each accumulating micro-batch gradients of the DAPO loss into one optimizer step ->
+rank 0 publishes the new weights as version step+1 -> report.
 """
 
 from __future__ import annotations
@@ -17,65 +19,167 @@ from pathlib import Path
 
 import torch
 
-from dapo_ray.algo import dapo_policy_loss, entropy_from_logits, token_logprobs
+from dapo_ray.algo import behaviour_logprobs, dapo_policy_loss
 from dapo_ray.config import Config
+from dapo_ray.trainer.batch import pad_micro
 
-SUM_KEYS = ("pg_clipfrac_upper", "pg_clipfrac_lower", "pg_clipfrac_dual", "ppo_kl", "ratio_mean")
-
-
-def _pad(micro: list[dict], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """input_ids [B, L], attention [B, L], response mask over targets [B, L-1] (weighted), adv [B],
-    rollout logprobs aligned with targets [B, L-1]."""
-    width = max(len(s["input_ids"]) for s in micro)
-    B = len(micro)
-    ids = torch.full((B, width), pad_id, dtype=torch.long)
-    att = torch.zeros((B, width), dtype=torch.long)
-    mask = torch.zeros((B, width - 1))
-    roll = torch.zeros((B, width - 1))
-    for i, s in enumerate(micro):
-        n, p = len(s["input_ids"]), s["n_prompt"]
-        ids[i, :n] = torch.tensor(s["input_ids"])
-        att[i, :n] = 1
-        mask[i, p - 1 : n - 1] = s["weight"]  # target t+1 is predicted at position t
-        lp = s["rollout_logprobs"][: n - p]
-        roll[i, p - 1 : p - 1 + len(lp)] = torch.tensor(lp)
-    adv = torch.tensor([s["advantage"] for s in micro])
-    return ids, att, mask, adv, roll
+# Loss statistics averaged over tokens (weighted by each micro-batch's token count).
+SUM_KEYS = ("pg_clipfrac", "clipfrac_high", "clipfrac_low", "pg_clipfrac_lower", "ppo_kl", "ratio_mean", "kl_loss")
+PAD_ID = 0
 
 
-def _forward_logp(model, ids, att, temperature: float, with_entropy: bool = False):
-    logits = model(input_ids=ids, attention_mask=att).logits[:, :-1]
-    logp = token_logprobs(logits, ids[:, 1:], temperature)
-    ent = entropy_from_logits(logits.detach(), temperature) if with_entropy else None
-    return logp, ent
+def ds_config(cfg: Config, world: int) -> dict:
+    t = cfg.trainer
+    return {
+        "train_micro_batch_size_per_gpu": t.micro_batch_size,
+        "gradient_accumulation_steps": t.mini_batch_size // world // t.micro_batch_size,
+        "gradient_clipping": t.grad_clip,
+        "zero_optimization": {"stage": t.zero_stage},
+        "bf16": {"enabled": t.dtype == "bfloat16"},
+        "steps_per_print": 10**9,
+    }
+
+
+def build_engines(cfg: Config, world: int):
+    """(DeepSpeed engine of the policy, frozen reference policy or None). The reference model is only
+    loaded when the loss has a KL term; under ZeRO-3 both are built partitioned (no rank holds a whole
+    model)."""
+    import deepspeed
+
+    from dapo_ray.trainer.policy import PolicyLM
+    from dapo_ray.trainer.zero import load_causal_lm
+
+    t = cfg.trainer
+    dtype = torch.bfloat16 if t.dtype == "bfloat16" else torch.float32
+    config = ds_config(cfg, world)
+    lm = load_causal_lm(cfg.rollout.model_path, dtype, config)
+    if t.gradient_checkpointing:
+        lm.gradient_checkpointing_enable()
+    policy = PolicyLM(lm, t.logprob_chunk_size)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
+    engine, *_ = deepspeed.initialize(model=policy, optimizer=optimizer, config=config)
+    ref = None
+    if cfg.algorithm.kl_coef > 0:
+        ref = PolicyLM(load_causal_lm(cfg.rollout.model_path, dtype, config), t.logprob_chunk_size)
+        ref.requires_grad_(False)
+        ref.eval()
+        if t.zero_stage == 3:  # stays partitioned; DeepSpeed gathers each layer as it runs
+            ref, *_ = deepspeed.initialize(model=ref, config=config)
+        else:
+            ref.to(engine.device)
+    return engine, ref
+
+
+def _grad_norm(engine) -> float:
+    """The global gradient norm of the step just taken. DeepSpeed's ZeRO optimizers record it; under
+    stage 0 it computes the norm for clipping and drops it, so compute it (gradients are all-reduced by
+    then) before `engine.step()`."""
+    params = [p for p in engine.module.parameters() if p.grad is not None]
+    return float(torch.nn.utils.get_total_norm([p.grad for p in params])) if params else 0.0
+
+
+def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world: int) -> dict[str, float]:
+    """One RL step's updates on this rank's shard; `version` is the policy version of the current
+    weights. Returns metrics that are already reduced over ranks."""
+    import torch.distributed as dist
+
+    t, a = cfg.trainer, cfg.algorithm
+    temperature = cfg.rollout.temperature
+    device = engine.device
+    t0 = time.time()
+    lr = t.lr * min(1.0, (version + 1) / t.warmup_steps) if t.warmup_steps else t.lr
+    for group in engine.optimizer.param_groups:
+        group["lr"] = lr
+    # tokens, entropy sum, |recomputed - engine| sum over fresh tokens, fresh tokens, SUM_KEYS sums
+    totals = torch.zeros(4 + len(SUM_KEYS), dtype=torch.float64)
+
+    # 1. Behaviour log-probs (and reference log-probs for the KL term), before any update.
+    engine.eval()
+    prepared = []
+    with torch.no_grad():
+        for mini in shard:
+            micros = []
+            for samples, positions in zip(mini["micro"], mini["positions"], strict=True):
+                m = pad_micro(samples, PAD_ID)
+                ids, att = m.ids_BL.to(device), m.att_BL.to(device)
+                logp, ent = engine(ids, att, temperature, with_entropy=True, positions=positions)
+                logp, ent = logp.float().cpu(), ent.float().cpu()
+                off_policy_B = m.version_B < version
+                old = behaviour_logprobs(logp, m.rollout_BT, off_policy_B)
+                ref_logp = ref(ids, att, temperature, positions=positions)[0].float().cpu() if ref is not None else None
+                real = (m.mask_BT > 0).double()
+                fresh = real * (~off_policy_B).double().unsqueeze(-1)
+                totals[0] += real.sum()
+                totals[1] += (ent * real).sum()
+                totals[2] += ((logp - m.rollout_BT).abs() * fresh).sum()
+                totals[3] += fresh.sum()
+                micros.append((m, old, ref_logp, positions))
+            prepared.append((mini, micros))
+    t_old = time.time() - t0
+
+    # 2. ppo_epochs passes; each mini-batch is one optimizer step.
+    engine.train()
+    grad_norms, steps_before = [], engine.global_steps
+    micro_per_mini = ds_config(cfg, world)["gradient_accumulation_steps"]
+    for _ in range(t.ppo_epochs):
+        for mini, micros in prepared:
+            for m, old, ref_logp, positions in micros:
+                logp, _ = engine(m.ids_BL.to(device), m.att_BL.to(device), temperature, positions=positions)
+                loss, stats = dapo_policy_loss(
+                    logp, old.to(device), m.adv_B.to(device), m.mask_BT.to(device),
+                    eps_low=a.eps_low, eps_high=a.eps_high, clip_ratio_c=a.clip_ratio_c,
+                    loss_agg_mode=a.loss_agg_mode, total_tokens=mini["total_tokens"], total_seqs=mini["total_seqs"],
+                    kl_coef=a.kl_coef, ref_logp_BT=None if ref_logp is None else ref_logp.to(device),
+                    kl_estimator=a.kl_estimator,
+                )  # fmt: skip
+                # DeepSpeed divides by the accumulation count and averages over ranks; the global
+                # denominators already make the sum exact, so undo both.
+                engine.backward(loss * micro_per_mini * world)
+                stage0_norm = _grad_norm(engine) if t.zero_stage == 0 and engine.is_gradient_accumulation_boundary() else None
+                engine.step()
+                n = stats["n_tokens"] / t.ppo_epochs  # statistics: the mean over epochs
+                for i, k in enumerate(SUM_KEYS):
+                    totals[4 + i] += stats.get(k, 0.0) * n
+            grad_norms.append(stage0_norm if stage0_norm is not None else float(engine.get_global_grad_norm() or 0.0))
+    t_update = time.time() - t0 - t_old
+    dist.all_reduce(totals)
+
+    tok = max(float(totals[0]), 1.0)
+    metrics = {
+        "actor/entropy": float(totals[1]) / tok,
+        "actor/rollout_logprob_diff": float(totals[2]) / max(float(totals[3]), 1.0),
+        "actor/off_policy_token_frac": 1.0 - float(totals[3]) / tok,
+        **{f"actor/{k}": float(totals[4 + i]) / tok for i, k in enumerate(SUM_KEYS)},
+        "actor/grad_norm": sum(grad_norms) / len(grad_norms),
+        "actor/lr": lr,
+        "actor/updates": engine.global_steps - steps_before,
+        "timing/old_logprob_s": t_old,
+        "timing/update_s": t_update,
+    }
+    if ref is None:
+        del metrics["actor/kl_loss"]
+    return metrics
 
 
 def publish_weights(engine, version: int, out_dir: Path, store, zero_stage: int, rank: int) -> tuple[float, int]:
-    """Rank 0 writes the full state dict as safetensors and publishes (version, path); returns (s, bytes)."""
-    from safetensors.torch import save_file
+    """Every rank gathers the weights layer by layer (ZeRO-3: a collective, peak extra memory one layer);
+    rank 0 writes them as safetensors and publishes (version, path). Returns (seconds, bytes)."""
+    from dapo_ray.trainer.zero import full_state_dict_cpu
 
     t0 = time.time()
-    if zero_stage == 3:
-        import deepspeed
-
-        ctx = deepspeed.zero.GatheredParameters(list(engine.module.parameters()), modifier_rank=None)
-    else:
-        import contextlib
-
-        ctx = contextlib.nullcontext()
+    state = full_state_dict_cpu(engine.module.lm, zero_stage, rank)
     nbytes = 0
-    with ctx:
-        if rank == 0:
-            sd = {k: v.detach().to("cpu").contiguous() for k, v in engine.module.state_dict().items()}
-            path = out_dir / f"policy-v{version}.safetensors"
-            save_file(sd, str(path))
-            nbytes = path.stat().st_size
-            import ray
+    if rank == 0:
+        import ray
+        from safetensors.torch import save_file
 
-            ray.get(store.publish.remote(version, str(path)))
-            for old in out_dir.glob("policy-v*.safetensors"):  # keep the last two versions
-                if int(old.stem.split("-v")[1]) < version - 1:
-                    old.unlink(missing_ok=True)
+        path = out_dir / f"policy-v{version}.safetensors"
+        save_file(state, str(path))
+        nbytes = path.stat().st_size
+        ray.get(store.publish.remote(version, str(path)))
+        for old in out_dir.glob("policy-v*.safetensors"):  # keep the last two versions
+            if int(old.stem.split("-v")[1]) < version - 1:
+                old.unlink(missing_ok=True)
     return time.time() - t0, nbytes
 
 
@@ -90,18 +194,45 @@ def _quiet_ray_train_reports() -> None:
     logging.getLogger(context.__file__).setLevel(logging.WARNING)
 
 
+def _report(engine, metrics: dict, save_state: dict | None, step: int, rank: int) -> None:
+    """`ray.train.report` the step's numbers, with a checkpoint (DeepSpeed state + the driver's state:
+    data cursor, carried groups, counters) when the driver asks for one."""
+    import ray.train
+
+    numbers = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
+    if save_state is None:
+        ray.train.report(numbers)
+        return
+    tmp = Path(tempfile.mkdtemp(prefix="dapo-ckpt-"))
+    engine.save_checkpoint(str(tmp), tag="ckpt")
+    if rank == 0:
+        (tmp / "driver_state.json").write_text(json.dumps(save_state | {"step": step}))
+    ray.train.report(numbers, checkpoint=ray.train.Checkpoint.from_directory(str(tmp)))
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _save_final(engine, cfg: Config, final: Path, rank: int) -> None:
+    """The trained model as a HF directory (gathered layer by layer under ZeRO-3) with the tokenizer."""
+    from dapo_ray.trainer.zero import full_state_dict_cpu
+
+    state = full_state_dict_cpu(engine.module.lm, cfg.trainer.zero_stage, rank)
+    if rank != 0:
+        return
+    engine.module.lm.save_pretrained(final, state_dict=state, safe_serialization=True)
+    for f in os.listdir(cfg.rollout.model_path):
+        if f.startswith("tokenizer") or f in ("special_tokens_map.json", "chat_template.jinja", "generation_config.json"):
+            shutil.copy(Path(cfg.rollout.model_path) / f, final / f)
+
+
 def train_loop(params: dict) -> None:
     """`params`: {"config": Config, "channel": name, "store": name, "namespace": str, "weights_dir": str,
-    "probe_ids": list[int]}."""
-    import deepspeed
+    "probe_ids": list[int], "final_dir": str}."""
     import ray
     import ray.train
-    import torch.distributed as dist
-    from transformers import AutoModelForCausalLM
 
     _quiet_ray_train_reports()
     cfg: Config = params["config"]
-    t, a = cfg.trainer, cfg.algorithm
+    t = cfg.trainer
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     channel = ray.get_actor(params["channel"], namespace=params["namespace"])
@@ -109,24 +240,7 @@ def train_loop(params: dict) -> None:
     weights_dir = Path(params["weights_dir"])
     weights_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(t.seed)
-    device = torch.device("cuda", torch.cuda.current_device()) if t.use_gpu else torch.device("cpu")
-
-    dtype = torch.bfloat16 if t.dtype == "bfloat16" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(cfg.rollout.model_path, dtype=dtype)
-    if t.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
-    micro_per_mini = t.mini_batch_size // world // t.micro_batch_size
-    ds_config = {
-        "train_micro_batch_size_per_gpu": t.micro_batch_size,
-        "gradient_accumulation_steps": micro_per_mini,
-        "gradient_clipping": t.grad_clip,
-        "zero_optimization": {"stage": t.zero_stage},
-        "bf16": {"enabled": t.dtype == "bfloat16"},
-        "steps_per_print": 10**9,
-    }
-    engine, optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
-    pad_id = 0
+    engine, ref = build_engines(cfg, world)
 
     step, driver_state = 0, None
     ckpt = ray.train.get_checkpoint()
@@ -143,93 +257,29 @@ def train_loop(params: dict) -> None:
         item = ray.get(channel.get_shard.remote(rank))
         if item is None:
             break
-        shard, save_state = item["minis"], item["save"]
-        t0 = time.time()
-        lr = t.lr * min(1.0, (step + 1) / t.warmup_steps) if t.warmup_steps else t.lr
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        totals = torch.zeros(3 + len(SUM_KEYS), dtype=torch.float64)  # tokens, entropy, |old-rollout|, SUM_KEYS
-
-        # Old log-probs under the weights that generated (or nearly: carried groups) the batch.
-        engine.eval()
-        with torch.no_grad():
-            for mini in shard:
-                mini["old"] = []
-                for micro in mini["micro"]:
-                    ids, att, mask, _, roll = _pad(micro, pad_id)
-                    logp, ent = _forward_logp(engine, ids.to(device), att.to(device), cfg.rollout.temperature, True)
-                    logp, ent = logp.float().cpu(), ent.float().cpu()
-                    mini["old"].append(logp)
-                    real = (mask > 0).double()
-                    totals[0] += real.sum()
-                    totals[1] += (ent * real).sum()
-                    totals[2] += ((logp - roll).abs() * real).sum()
-        t_old = time.time() - t0
-
-        engine.train()
-        grad_norms = []
-        for mini in shard:
-            for micro, old in zip(mini["micro"], mini["old"], strict=True):
-                ids, att, mask, adv, _ = _pad(micro, pad_id)
-                logp, _ = _forward_logp(engine, ids.to(device), att.to(device), cfg.rollout.temperature)
-                loss, stats = dapo_policy_loss(
-                    logp, old.to(device), adv.to(device), mask.to(device),
-                    eps_low=a.eps_low, eps_high=a.eps_high, clip_ratio_c=a.clip_ratio_c,
-                    loss_agg_mode=a.loss_agg_mode, total_tokens=mini["total_tokens"], total_seqs=mini["total_seqs"],
-                )  # fmt: skip
-                # DeepSpeed divides by the accumulation count and averages over ranks; the global
-                # denominators already make the sum exact, so undo both.
-                engine.backward(loss * micro_per_mini * world)
-                engine.step()
-                n = stats["n_tokens"]
-                for i, k in enumerate(SUM_KEYS):
-                    totals[3 + i] += stats[k] * n
-            grad_norms.append(float(engine.get_global_grad_norm() or 0.0))
-        t_update = time.time() - t0 - t_old
-        dist.all_reduce(totals)
-
+        if item["minis"] is None:  # checkpoint only (dynamic sampling stopped at its cap)
+            _report(engine, {"step": step}, item["save"], step, rank)
+            if rank == 0:
+                ray.get(channel.put_result.remote({"kind": "saved", "step": step}))
+            continue
+        metrics = train_step(engine, ref, item["minis"], step, cfg, world)
         step += 1
         t1 = time.time()
         sync_s, sync_bytes = publish_weights(engine, step, weights_dir, store, t.zero_stage, rank)
-        tok = max(float(totals[0]), 1.0)
-        metrics = {
-            "step": step,
-            "actor/entropy": float(totals[1]) / tok,
-            "actor/rollout_logprob_diff": float(totals[2]) / tok,
-            **{f"actor/{k}": float(totals[3 + i]) / tok for i, k in enumerate(SUM_KEYS)},
-            "actor/grad_norm": sum(grad_norms) / len(grad_norms),
-            "actor/lr": lr,
-            "actor/updates": len(shard),
-            "timing/old_logprob_s": t_old,
-            "timing/update_s": t_update,
-            "timing/weight_sync_s": time.time() - t1 if rank == 0 else 0.0,
-            "weight_sync/bytes": sync_bytes,
-            "weight_sync/publish_s": sync_s,
-        }
-        if rank == 0 and params.get("probe_ids"):
+        metrics |= {"step": step, "timing/weight_sync_s": time.time() - t1 if rank == 0 else 0.0,
+                    "weight_sync/bytes": sync_bytes, "weight_sync/publish_s": sync_s}  # fmt: skip
+        if params.get("probe_ids"):  # every rank runs it: under ZeRO-3 a forward is a collective
             with torch.no_grad():
-                probe = torch.tensor([params["probe_ids"]], device=device)
                 engine.eval()
-                lp, _ = _forward_logp(engine, probe, torch.ones_like(probe), 1.0)
-            metrics["probe_logprobs"] = lp[0].float().cpu().tolist()
-
-        if save_state is not None:  # the driver asks for a checkpoint on this step
-            tmp = Path(tempfile.mkdtemp(prefix="dapo-ckpt-"))
-            engine.save_checkpoint(str(tmp), tag="ckpt")
+                probe = torch.tensor([params["probe_ids"]], device=engine.device)
+                probe_lp = engine(probe, torch.ones_like(probe), 1.0)[0][0].float().cpu().tolist()
             if rank == 0:
-                (tmp / "driver_state.json").write_text(json.dumps(save_state | {"step": step}))
-            ray.train.report({k: v for k, v in metrics.items() if isinstance(v, int | float)},
-                             checkpoint=ray.train.Checkpoint.from_directory(str(tmp)))  # fmt: skip
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            ray.train.report({k: v for k, v in metrics.items() if isinstance(v, int | float)})
+                metrics["probe_logprobs"] = probe_lp
+        _report(engine, metrics, item["save"], step, rank)
         if rank == 0:
             ray.get(channel.put_result.remote({"kind": "step", **metrics}))
 
-    if rank == 0 and params.get("final_dir"):
-        final = Path(params["final_dir"])
-        engine.module.save_pretrained(final, safe_serialization=True)
-        for f in os.listdir(cfg.rollout.model_path):
-            if f.startswith("tokenizer") or f in ("special_tokens_map.json", "chat_template.jinja"):
-                shutil.copy(Path(cfg.rollout.model_path) / f, final / f)
-        ray.get(channel.put_result.remote({"kind": "final", "path": str(final)}))
+    if params.get("final_dir"):
+        _save_final(engine, cfg, Path(params["final_dir"]), rank)
+        if rank == 0:
+            ray.get(channel.put_result.remote({"kind": "final", "path": params["final_dir"]}))

@@ -1,3 +1,4 @@
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -85,4 +86,11 @@ def test_ablation_ladder_rungs_load():
     naive, dapo = cfgs[0].algorithm, cfgs[-1].algorithm
     assert not naive.overlong_filter and not naive.soft_overlong and not naive.dynamic_sampling
     assert naive.eps_high == naive.eps_low and naive.loss_agg_mode == "seq-mean-token-mean"
-    assert dapo == load_config(base).algorithm
+    # The paper's GRPO and DAPO have no dual clip (verl's): off on every rung, the only difference
+    # between the top rung and the shipped config.
+    assert all(c.algorithm.clip_ratio_c is None for c in cfgs)
+    assert dapo == dataclasses.replace(load_config(base).algorithm, clip_ratio_c=None)
+    # Each rung switches on exactly one technique.
+    for lower, upper in zip(cfgs, cfgs[1:], strict=False):
+        a, b = dataclasses.asdict(lower.algorithm), dataclasses.asdict(upper.algorithm)
+        assert len([k for k in a if a[k] != b[k]]) == 1

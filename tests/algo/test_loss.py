@@ -3,7 +3,14 @@ import math
 import pytest
 import torch
 
-from dapo_ray.algo import aggregate, dapo_policy_loss, entropy_from_logits, token_logprobs
+from dapo_ray.algo import (
+    aggregate,
+    behaviour_logprobs,
+    dapo_policy_loss,
+    entropy_from_logits,
+    kl_penalty,
+    token_logprobs,
+)
 
 
 def lp(p):
@@ -20,8 +27,10 @@ def test_hand_computed_token_mean():
     # token losses: -1.2, -min(1.6, 1.28) = -1.28, -(-1)*max(0.6, 0.8) = 0.8 -> mean over 3 tokens
     assert float(loss) == pytest.approx((-1.2 - 1.28 + 0.8) / 3)
     assert st["n_tokens"] == 3
-    assert st["pg_clipfrac_upper"] == pytest.approx(1 / 3)
-    assert st["pg_clipfrac_lower"] == pytest.approx(1 / 3)
+    assert st["clipfrac_high"] == pytest.approx(1 / 3)
+    assert st["clipfrac_low"] == pytest.approx(1 / 3)
+    assert st["pg_clipfrac"] == pytest.approx(2 / 3)  # verl: either bound
+    assert st["pg_clipfrac_lower"] == 0.0  # verl: the dual clip (off here)
     assert st["up_clipped_prob"] == pytest.approx(0.5)
 
 
@@ -71,7 +80,8 @@ def test_dual_clip_bounds_negative_advantage():
     mask = torch.ones(1, 1, dtype=torch.float64)
     loss, st = dapo_policy_loss(new, old, adv, mask, clip_ratio_c=10.0)
     assert float(loss) == pytest.approx(10.0)
-    assert st["pg_clipfrac_dual"] == 1.0
+    assert st["pg_clipfrac_lower"] == 1.0  # verl's name for the dual-clip share
+    assert st["clipfrac_low"] == 0.0
     loss, _ = dapo_policy_loss(new, old, adv, mask, clip_ratio_c=None)
     assert float(loss) == pytest.approx(50.0)
     with pytest.raises(ValueError):
@@ -83,12 +93,38 @@ def test_kl_term_off_by_default_and_needs_reference():
     new = lp([[0.6, 0.3]])
     adv, mask = torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 2, dtype=torch.float64)
     base, st = dapo_policy_loss(new, old, adv, mask)
-    assert "kl_ref" not in st
+    assert "kl_loss" not in st
     with pytest.raises(ValueError):
         dapo_policy_loss(new, old, adv, mask, kl_coef=0.1)
     ref = lp([[0.5, 0.5]])
     with_kl, st = dapo_policy_loss(new, old, adv, mask, kl_coef=0.1, ref_logp_BT=ref)
-    assert float(with_kl) > float(base) and st["kl_ref"] > 0
+    k3 = kl_penalty(new, ref, "low_var_kl")
+    assert float(with_kl) == pytest.approx(float(base) + 0.1 * float(k3.mean()))
+    assert st["kl_loss"] == pytest.approx(float(k3.mean())) and st["pg_loss"] == pytest.approx(float(base))
+
+
+def test_kl_estimators_hand_computed():
+    logp, ref = torch.tensor([math.log(0.6)], dtype=torch.float64), torch.tensor([math.log(0.5)], dtype=torch.float64)
+    d = math.log(0.6 / 0.5)
+    assert float(kl_penalty(logp, ref, "kl")) == pytest.approx(d)
+    assert float(kl_penalty(ref, logp, "abs")) == pytest.approx(d)
+    assert float(kl_penalty(logp, ref, "mse")) == pytest.approx(0.5 * d * d)
+    assert float(kl_penalty(logp, ref, "low_var_kl")) == pytest.approx(0.5 / 0.6 + d - 1)
+    assert float(kl_penalty(torch.tensor([0.0]), torch.tensor([30.0]))) == 10.0  # verl's clamp
+    assert float(kl_penalty(logp, logp)) == 0.0
+    with pytest.raises(ValueError, match="low_var_kl"):
+        kl_penalty(logp, ref, "k9")  # type: ignore[arg-type]
+    # Its gradient pulls logp towards ref (k3: d/dlogp = 1 - ref/p).
+    x = logp.clone().requires_grad_(True)
+    kl_penalty(x, ref).sum().backward()
+    assert float(x.grad) == pytest.approx(1 - 0.5 / 0.6)
+
+
+def test_behaviour_logprobs_picks_the_engine_for_off_policy_rows():
+    recomputed = torch.tensor([[-1.0, -2.0], [-3.0, -4.0]])
+    engine = torch.tensor([[-1.1, -2.1], [-3.1, -4.1]])
+    out = behaviour_logprobs(recomputed, engine, torch.tensor([False, True]))
+    assert torch.equal(out[0], recomputed[0]) and torch.equal(out[1], engine[1])
 
 
 def _random_batch(seed, B=12, T=9):
@@ -155,4 +191,4 @@ def test_ratio_one_gives_plain_policy_gradient():
     loss.backward()
     assert float(loss) == pytest.approx(-2.0)
     torch.testing.assert_close(new.grad, torch.full((1, 2), -1.0, dtype=torch.float64))
-    assert st["pg_clipfrac_upper"] == 0 and math.isnan(st["up_clipped_prob"])
+    assert st["clipfrac_high"] == 0 and math.isnan(st["up_clipped_prob"])

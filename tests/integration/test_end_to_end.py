@@ -72,3 +72,22 @@ def test_resume_continues_from_the_checkpoint(tiny_model_dir, ray_cluster, tmp_p
     assert second["totals"]["generated_groups"] > first["totals"]["generated_groups"]  # counters too
     assert [e["step"] for e in second["steps_log"]] == [3]
     assert "eval_before" not in second  # a resumed run does not re-evaluate step 0
+
+
+def test_stop_at_the_cap_saves_a_checkpoint_and_resumes_with_the_kept_groups(tiny_model_dir, ray_cluster, tmp_path):
+    """on_cap=stop: the run ends with a checkpoint holding the kept groups and the data cursor; the same
+    command with a higher cap resumes from it and trains on those groups first."""
+    out = tmp_path / "capped"
+    base = COMMON + [f"rollout.model_path={tiny_model_dir}", f"trainer.output_dir={out}", "trainer.total_steps=1",
+                     "trainer.train_batch_size=16", "trainer.gen_batch_size=8", "trainer.mini_batch_size=64",
+                     "algorithm.carry_over=true"]  # fmt: skip
+    # One round of 8 prompts cannot keep 16 groups: the cap stops the run at step 0.
+    first = run(load_config(TINY_CFG, base + ["algorithm.max_gen_rounds=1", "algorithm.on_cap=stop"]))
+    assert first["steps"] == 0 and first["stopped"]["step"] == 0
+    kept = first["stopped"]["kept_groups"]
+    assert 0 < kept < 16
+    second = run(load_config(TINY_CFG, base + ["algorithm.max_gen_rounds=8", "algorithm.on_cap=train_partial"]))
+    assert second["start_step"] == 0 and second["start_cursor"] == first["end_cursor"]
+    m = second["steps_log"][0]["metrics"]
+    assert m["dynamic_sampling/carried_in"] == kept and m["dynamic_sampling/stale_dropped"] == 0
+    assert second["totals"]["generated_groups"] == first["totals"]["generated_groups"] + m["dynamic_sampling/generated_groups"]

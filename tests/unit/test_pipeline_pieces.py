@@ -3,21 +3,21 @@
 import pytest
 import torch
 
-from dapo_ray.algo import dapo_policy_loss
+from dapo_ray.algo import BatchFiller, behaviour_logprobs, dapo_policy_loss
 from dapo_ray.driver import PromptCursor
 from dapo_ray.metrics import METRICS
 from dapo_ray.pipeline import ScoringSpec, score_group
-from dapo_ray.trainer.batch import DUMMY, build_shards, flatten_groups
-from dapo_ray.trainer.loop import SUM_KEYS, _pad
+from dapo_ray.trainer.batch import DUMMY, build_shards, flatten_groups, pad_micro
+from dapo_ray.trainer.loop import SUM_KEYS
 
 SPEC = ScoringSpec("dapo", max_response_length=20, soft_overlong=True, overlong_cache_length=4,
                    overlong_penalty_factor=1.0, overlong_filter=True, adv_eps=1e-6, adv_std_unbiased=True)  # fmt: skip
 
 
-def group(texts, lengths, reasons, gt="12"):
+def group(texts, lengths, reasons, gt="12", version=0):
     return {"prompt_ids": [5, 6, 7], "ground_truth": gt, "texts": texts,
             "response_ids": [[9] * n for n in lengths], "rollout_logprobs": [[-0.5] * n for n in lengths],
-            "finish_reasons": reasons, "policy_version": 0}  # fmt: skip
+            "finish_reasons": reasons, "policy_version": version}  # fmt: skip
 
 
 def test_score_group_adds_its_columns():
@@ -67,9 +67,9 @@ def test_sharded_loss_sums_to_the_whole_batch_loss():
     shards = build_shards(samples, world_size=2, mini_batch_size=8, micro_batch_size=2, seed=1)
 
     def loss_of(micro, total):
-        ids, _, mask, adv, roll = _pad(micro, 0)
-        logp = roll + 0.1 * torch.randn(roll.shape, generator=g)
-        return dapo_policy_loss(logp, roll, adv, mask, total_tokens=total)[0], logp, roll, adv, mask
+        m = pad_micro(micro, 0)
+        logp = m.rollout_BT + 0.1 * torch.randn(m.rollout_BT.shape, generator=g)
+        return dapo_policy_loss(logp, m.rollout_BT, m.adv_B, m.mask_BT, total_tokens=total)[0], logp, m.rollout_BT, m.adv_B, m.mask_BT
 
     parts = [loss_of(micro, shard[0]["total_tokens"]) for shard in shards for micro in shard[0]["micro"]]
     total_loss = sum(float(p[0]) for p in parts)
@@ -79,11 +79,12 @@ def test_sharded_loss_sums_to_the_whole_batch_loss():
 
 
 def test_pad_aligns_targets_and_masks():
-    s = {"input_ids": [1, 2, 3, 4, 5], "n_prompt": 3, "weight": 1.0, "advantage": 2.0, "rollout_logprobs": [-0.1, -0.2]}
-    ids, att, mask, adv, roll = _pad([s, DUMMY], 0)
+    s = {"input_ids": [1, 2, 3, 4, 5], "n_prompt": 3, "weight": 1.0, "advantage": 2.0, "rollout_logprobs": [-0.1, -0.2],
+         "policy_version": 4}  # fmt: skip
+    m = pad_micro([s, DUMMY], 0)
     # positions 2 and 3 predict tokens 4 and 5 (the response)
-    assert mask[0].tolist() == [0, 0, 1, 1] and roll[0].tolist() == pytest.approx([0, 0, -0.1, -0.2])
-    assert mask[1].sum() == 0 and adv.tolist() == [2.0, 0.0]
+    assert m.mask_BT[0].tolist() == [0, 0, 1, 1] and m.rollout_BT[0].tolist() == pytest.approx([0, 0, -0.1, -0.2])
+    assert m.mask_BT[1].sum() == 0 and m.adv_B.tolist() == [2.0, 0.0] and m.version_B.tolist() == [4, 0]
 
 
 def test_prompt_cursor_epochs_and_state():
@@ -97,3 +98,29 @@ def test_prompt_cursor_epochs_and_state():
 
 def test_every_trainer_metric_is_registered():
     assert all(f"actor/{k}" in METRICS for k in SUM_KEYS)
+
+
+def test_carried_groups_train_against_the_engine_logprobs():
+    """Groups carried over by dynamic sampling reach the trainer with their generating version; the loop's
+    denominator for them is the engine's log-prob, for fresh groups the recomputed one."""
+    filler = BatchFiller(target_groups=2, carry_over=True, max_lag=1)
+    filler.start_step(version=3)
+    round_ = [score_group(group(["Answer: 12", "Answer: 1"], [2, 3], ["stop", "stop"], version=3), SPEC) for _ in range(3)]
+    filler.add(round_, [g["keep"] for g in round_], [3, 3, 3])
+    _, rep = filler.finish()
+    assert rep.carried_out == 1
+    filler.start_step(version=4)  # one update later
+    fresh = [score_group(group(["Answer: 12", "Answer: 7"], [4, 4], ["stop", "stop"], version=4), SPEC)]
+    filler.add(fresh, [True], [4])
+    batch, rep = filler.finish()
+    assert rep.carried_in == 1 and [g["policy_version"] for g in batch] == [3, 4]
+    assert [4 - g["policy_version"] for g in batch] == [1, 0]  # lags
+
+    shards = build_shards(flatten_groups(batch), world_size=1, mini_batch_size=4, micro_batch_size=4, seed=0)
+    m = pad_micro(shards[0][0]["micro"][0], 0)
+    recomputed = torch.full(m.rollout_BT.shape, -9.0)
+    old = behaviour_logprobs(recomputed, m.rollout_BT, m.version_B < 4)
+    for i, v in enumerate(m.version_B.tolist()):
+        expected = m.rollout_BT[i] if v < 4 else recomputed[i]
+        assert torch.equal(old[i], expected)
+    assert sorted(m.version_B.tolist()) == [3, 3, 4, 4]
