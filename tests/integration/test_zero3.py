@@ -3,7 +3,6 @@ Ray Train TorchTrainer. Each rank saves what it observed under tmp_path; the tes
 checkpoint and with a plain (non-ZeRO) copy of the model in the test process."""
 
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -12,7 +11,6 @@ import torch
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parents[2]
 WORLD = 2
 
 
@@ -24,22 +22,6 @@ def _ds_config(stage: int, persist_small: bool = False) -> dict:
         zero["stage3_param_persistence_threshold"] = 0
     return {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
             "zero_optimization": zero, "bf16": {"enabled": False}, "steps_per_print": 10**9}  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    """Our own local Ray cluster, unless another module of the session already started one."""
-    import ray
-
-    if ray.is_initialized():
-        yield
-        return
-    os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(ROOT / ".cache" / "torch_extensions"))
-    env = {"DS_ACCELERATOR": "cpu", "TOKENIZERS_PARALLELISM": "false",
-           "TORCH_EXTENSIONS_DIR": os.environ["TORCH_EXTENSIONS_DIR"]}  # fmt: skip
-    ray.init(num_cpus=8, runtime_env={"env_vars": env}, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +205,7 @@ def _stage1_policy(model_dir: str, rank: int) -> dict:
 
 
 @pytest.fixture(scope="module")
-def run(cluster, model_dir, tmp_path_factory) -> tuple[list[dict], Path]:
+def run(ray_cluster, model_dir, tmp_path_factory) -> tuple[list[dict], Path]:
     """Run `_worker` on 2 CPU ranks; what each rank observed, by rank, and the final HF directory that
     rank 0 wrote from the ZeRO-3 policy."""
     import ray.cloudpickle
