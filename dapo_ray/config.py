@@ -98,6 +98,9 @@ class RolloutConfig:
     """Engine weights dtype; `auto` lets vLLM choose (bfloat16 on CPU, even for float32 checkpoints)."""
     cpus_per_replica: int = 1
     """Logical CPUs reserved by each replica."""
+    resources: dict[str, float] = field(default_factory=dict)
+    """Ray custom resources each replica needs, e.g. `{rollout: 1}`: replicas then land only on nodes
+    that declare them (a rollout node group), apart from the trainers."""
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,9 @@ class TrainerConfig:
     """Ray Train workers (data-parallel ranks)."""
     use_gpu: bool = False
     """Train on GPUs (NCCL) instead of CPUs (gloo)."""
+    resources: dict[str, float] = field(default_factory=dict)
+    """Ray custom resources each trainer worker needs besides its CPU/GPU, e.g. `{trainer: 1}`: workers
+    then land only on nodes that declare them (a trainer node group)."""
     zero_stage: Literal[0, 1, 2, 3] = 1
     """DeepSpeed ZeRO stage."""
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -189,6 +195,17 @@ class TrainerConfig:
     """Where runs, checkpoints and the final model go."""
     seed: int = 1
     """Seed of model init, sampling and shuffling."""
+
+
+@dataclass(frozen=True)
+class WeightSyncConfig:
+    transport: Literal["object_store"] = "object_store"
+    """How new weights reach the rollout replicas: `object_store` puts each version once in Ray's object
+    store (one contiguous buffer) and replicas on any node fetch it, late joiners included."""
+    keep_versions: int = 2
+    """Published versions kept alive for replicas still fetching an older one."""
+    timeout_s: float = 300.0
+    """How long the driver waits for every replica to serve a new version before failing the run."""
 
 
 @dataclass(frozen=True)
@@ -239,6 +256,8 @@ class Config:
     """DAPO's techniques, one switch each."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """Ray Train + DeepSpeed."""
+    weight_sync: WeightSyncConfig = field(default_factory=WeightSyncConfig)
+    """Trainer -> rollout replicas."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """avg@k evaluation."""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
@@ -297,6 +316,10 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
             return None
         inner = [a for a in args if a is not type(None)]
         return _coerce(inner[0], value, key)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"config key '{key}' expects a mapping like {{name: 1}}, got {value!r}")
+        return {_coerce(args[0], k, key): _coerce(args[1], v, key) for k, v in value.items()}
     if origin is tuple:
         if isinstance(value, str):
             value = [value]
@@ -419,3 +442,7 @@ def validate(cfg: Config) -> None:
         "data.train_files is empty; give files or set data.source=synthetic",
     )
     check(cfg.eval.n >= 1, "eval.n must be >= 1")
+    for key, res in (("rollout.resources", r.resources), ("trainer.resources", t.resources)):
+        bad = {k: v for k, v in res.items() if v <= 0 or k in ("CPU", "GPU", "memory")}
+        check(not bad, f"{key} takes custom resources with amounts > 0 (CPUs/GPUs have their own keys), got {bad}")
+    check(cfg.weight_sync.keep_versions >= 1, "weight_sync.keep_versions must be >= 1")

@@ -141,25 +141,28 @@ class Stack:
         from ray.train import RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
 
-        from dapo_ray.rollout.deployment import APP_NAME, STORE_NAMESPACE, create_store, deploy_rollout
+        from dapo_ray.rollout.deployment import APP_NAME, deploy_rollout
         from dapo_ray.trainer.channel import Channel
         from dapo_ray.trainer.loop import train_loop
+        from dapo_ray.weights import NAMESPACE, create_store
 
         t, r = cfg.trainer, cfg.rollout
         name = out_dir.name
         self.app = APP_NAME
         self.num_workers = t.num_workers
-        self.store = create_store(f"weights-{name}")
-        self.channel = Channel.options(name=f"channel-{name}", namespace=STORE_NAMESPACE).remote(t.num_workers)
+        self.store = create_store(f"weights-{name}", cfg.weight_sync.keep_versions)
+        self.sync_timeout_s = cfg.weight_sync.timeout_s
+        self.channel = Channel.options(name=f"channel-{name}", namespace=NAMESPACE).remote(t.num_workers)
         log(f"deploying {r.num_replicas} vLLM rollout replica(s) of {r.model_path}")
         max_model_len = cfg.data.max_prompt_length + max(r.max_response_length, cfg.eval.max_response_length or 0)
         self.handle = deploy_rollout(r, max_model_len, f"weights-{name}", t.seed)
         trainer = TorchTrainer(
             train_loop,
             train_loop_config={"config": cfg, "channel": f"channel-{name}", "store": f"weights-{name}",
-                               "namespace": STORE_NAMESPACE, "probe_ids": probe_ids,
-                               "weights_dir": _weights_dir(name), "final_dir": str(out_dir / "final_model")},
-            scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu),
+                               "namespace": NAMESPACE, "probe_ids": probe_ids,
+                               "final_dir": str(out_dir / "final_model")},
+            scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu,
+                                         resources_per_worker=_worker_resources(t)),
             run_config=RunConfig(name=name, storage_path=str(out_dir / "ray_train")),
         )  # fmt: skip
         self.fit_error: list[BaseException] = []
@@ -190,7 +193,7 @@ class Stack:
     def sync(self, version: int) -> dict[str, int]:
         from dapo_ray.rollout.deployment import wait_synced
 
-        return wait_synced(self.store, self.handle, version)
+        return wait_synced(self.store, version, self.sync_timeout_s)
 
     def finish(self) -> str:
         """Tell the workers to save the final model and stop; returns its path."""
@@ -350,7 +353,8 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
 
 def _print_step(step: int, total: int, m: dict, fill) -> None:
     log(f"step {step}/{total}  reward {m['critic/score/mean']:+.3f}  acc {m['rollout/acc_all_generated']:.1%}  "
-        f"kept {fill.kept_groups}/{fill.generated_groups} groups in {fill.rounds} round(s)  "
+        f"kept {fill.kept_groups}/{fill.generated_groups} groups in {fill.rounds} round(s)"
+        f"{f' +{fill.carried_in} carried' if fill.carried_in else ''}  "
         f"entropy {m['actor/entropy']:.3f}  len {m['response_length/mean']:.1f}  "
         f"clip+ {m['actor/clipfrac_high']:.3f} clip- {m['actor/clipfrac_low']:.3f}  "
         f"sync diff {m['weight_sync/logprob_max_diff']:.1e}  gen {m['timing/generate_s']:.1f}s "
@@ -381,9 +385,12 @@ def _fit(trainer, errors: list) -> None:
         errors.append(e)
 
 
-def _weights_dir(run_name: str) -> str:
-    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(os.environ.get("TMPDIR", "/tmp"))
-    return str(base / "dapo-ray" / run_name)
+def _worker_resources(t) -> dict[str, float] | None:
+    """Ray Train's resources per worker: one CPU (or GPU) plus `trainer.resources`, the custom resources
+    of the node group the workers must land on."""
+    if not t.resources:
+        return None
+    return {("GPU" if t.use_gpu else "CPU"): 1.0, **t.resources}
 
 
 def _init_ray(cfg: Config) -> None:

@@ -74,6 +74,8 @@ class Engine:
             worker_extension_cls="dapo_ray.rollout.worker_ext.WeightLoader",
             dtype=dtype,
             logprobs_mode="processed_logprobs",  # the sampling distribution's (see the module docstring)
+            # Tensor-parallel workers must be Ray actors: they read published weights from the object store.
+            distributed_executor_backend="ray" if tensor_parallel_size > 1 else None,
         )
         self.tokenizer = self.llm.get_tokenizer()
         generation_config = self.llm.llm_engine.model_config.try_get_generation_config()
@@ -113,8 +115,9 @@ class Engine:
         out = self.llm.generate([{"prompt_token_ids": token_ids}], params, use_tqdm=False)[0]
         return [d[t].logprob for t, d in zip(token_ids[1:], out.prompt_logprobs[1:], strict=True)]
 
-    def load_weights(self, path: str, version: int) -> None:
-        """Load a safetensors file in place (every worker), then drop cached prefixes of old weights."""
-        self.llm.collective_rpc("dapo_load_weights", args=(path,))
+    def load_weights(self, ref_box: list, version: int) -> None:
+        """Load a published version (`dapo_ray.weights`) in place on every worker, then drop cached
+        prefixes computed with the old weights."""
+        self.llm.collective_rpc("dapo_load_weights", args=(ref_box,))
         self.llm.reset_prefix_cache()
         self.version = version

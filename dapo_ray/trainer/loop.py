@@ -161,25 +161,15 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
     return metrics
 
 
-def publish_weights(engine, version: int, out_dir: Path, store, zero_stage: int, rank: int) -> tuple[float, int]:
+def publish_weights(engine, version: int, store, zero_stage: int, rank: int) -> tuple[float, int]:
     """Every rank gathers the weights layer by layer (ZeRO-3: a collective, peak extra memory one layer);
-    rank 0 writes them as safetensors and publishes (version, path). Returns (seconds, bytes)."""
+    rank 0 puts them in the object store as `version` (`dapo_ray.weights`). Returns (seconds, bytes)."""
+    from dapo_ray import weights
     from dapo_ray.trainer.zero import full_state_dict_cpu
 
     t0 = time.time()
     state = full_state_dict_cpu(engine.module.lm, zero_stage, rank)
-    nbytes = 0
-    if rank == 0:
-        import ray
-        from safetensors.torch import save_file
-
-        path = out_dir / f"policy-v{version}.safetensors"
-        save_file(state, str(path))
-        nbytes = path.stat().st_size
-        ray.get(store.publish.remote(version, str(path)))
-        for old in out_dir.glob("policy-v*.safetensors"):  # keep the last two versions
-            if int(old.stem.split("-v")[1]) < version - 1:
-                old.unlink(missing_ok=True)
+    nbytes = weights.publish(store, version, state) if rank == 0 else 0
     return time.time() - t0, nbytes
 
 
@@ -225,8 +215,8 @@ def _save_final(engine, cfg: Config, final: Path, rank: int) -> None:
 
 
 def train_loop(params: dict) -> None:
-    """`params`: {"config": Config, "channel": name, "store": name, "namespace": str, "weights_dir": str,
-    "probe_ids": list[int], "final_dir": str}."""
+    """`params`: {"config": Config, "channel": name, "store": name, "namespace": str, "probe_ids":
+    list[int], "final_dir": str}."""
     import ray
     import ray.train
 
@@ -237,8 +227,6 @@ def train_loop(params: dict) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     channel = ray.get_actor(params["channel"], namespace=params["namespace"])
     store = ray.get_actor(params["store"], namespace=params["namespace"])
-    weights_dir = Path(params["weights_dir"])
-    weights_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(t.seed)
     engine, ref = build_engines(cfg, world)
 
@@ -249,7 +237,7 @@ def train_loop(params: dict) -> None:
             engine.load_checkpoint(d, tag="ckpt", load_module_strict=True)
             driver_state = json.loads((Path(d) / "driver_state.json").read_text())
             step = driver_state["step"]
-    publish_weights(engine, step, weights_dir, store, t.zero_stage, rank)
+    publish_weights(engine, step, store, t.zero_stage, rank)
     if rank == 0:
         ray.get(channel.put_result.remote({"kind": "ready", "step": step, "driver_state": driver_state}))
 
@@ -265,7 +253,7 @@ def train_loop(params: dict) -> None:
         metrics = train_step(engine, ref, item["minis"], step, cfg, world)
         step += 1
         t1 = time.time()
-        sync_s, sync_bytes = publish_weights(engine, step, weights_dir, store, t.zero_stage, rank)
+        sync_s, sync_bytes = publish_weights(engine, step, store, t.zero_stage, rank)
         metrics |= {"step": step, "timing/weight_sync_s": time.time() - t1 if rank == 0 else 0.0,
                     "weight_sync/bytes": sync_bytes, "weight_sync/publish_s": sync_s}  # fmt: skip
         if params.get("probe_ids"):  # every rank runs it: under ZeRO-3 a forward is a collective

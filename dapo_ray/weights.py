@@ -1,0 +1,152 @@
+"""Weight transport from the trainer to the rollout replicas, through the Ray object store.
+
+Both sides call this module and nothing else of each other:
+
+* **trainer rank 0** `publish(store, version, state_dict)`: packs every tensor into one contiguous byte
+  buffer (a numpy array, so Ray stores it out of band and readers map it without copying), `ray.put`s it
+  once and hands the reference to the run's `WeightStore` actor;
+* **each replica** `await store.wait_newer.remote(version)`: a long poll that returns the moment a newer
+  version is published (no polling interval on the critical path); `unpack(ray.get(ref))` then yields
+  (name, tensor) views of the buffer for vLLM's weight loader. Ray moves the buffer to the replica's node
+  (object transfer, no shared file system), once per node however many replicas live there.
+
+A replica the autoscaler starts later asks the store for the latest version before its first request,
+so late joiners need nothing pushed to them. The store keeps the last `keep` versions alive (a slow
+replica may still be fetching the previous one) and records which version each replica serves, so the
+driver can wait until the whole fleet is on the new weights.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+import ray
+import torch
+
+ALIGN = 64  # bytes: every tensor starts aligned, so dtype views of the buffer are legal
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str  # torch dtype name, e.g. "bfloat16"
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+
+def pack(state: dict[str, torch.Tensor]) -> tuple[list[TensorSpec], np.ndarray]:
+    """(specs, one uint8 buffer holding every tensor's bytes) — one copy of the weights."""
+    specs, offset = [], 0
+    for name, t in state.items():
+        nbytes = t.numel() * t.element_size()
+        specs.append(TensorSpec(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, nbytes))
+        offset += -(-nbytes // ALIGN) * ALIGN
+    buffer = np.empty(offset, dtype=np.uint8)
+    flat = torch.from_numpy(buffer)
+    for spec, t in zip(specs, state.values(), strict=True):
+        flat[spec.offset : spec.offset + spec.nbytes].copy_(t.detach().contiguous().view(-1).view(torch.uint8))
+    return specs, buffer
+
+
+def unpack(payload: tuple[list[TensorSpec], np.ndarray]) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) views into the buffer (no copy); read-only when the buffer came from `ray.get`."""
+    specs, buffer = payload
+    with warnings.catch_warnings():  # the object store's buffers are read-only; the loader only reads
+        warnings.simplefilter("ignore", UserWarning)
+        flat = torch.from_numpy(buffer)
+    return [
+        (s.name, flat[s.offset : s.offset + s.nbytes].view(getattr(torch, s.dtype)).view(s.shape)) for s in specs
+    ]
+
+
+def publish(store, version: int, state: dict[str, torch.Tensor]) -> int:
+    """Put the weights in the object store as `version` and tell the store; returns the bytes sent."""
+    specs, buffer = pack(state)
+    ref = ray.put((specs, buffer))
+    ray.get(store.publish.remote(version, [ref]))  # in a list: the store keeps the reference, not the value
+    return buffer.nbytes
+
+
+def fetch(ref_box: list) -> list[tuple[str, torch.Tensor]]:
+    """The weights behind a published reference, on this node."""
+    return unpack(ray.get(ref_box[0]))
+
+
+@ray.remote(num_cpus=0)
+class WeightStore:
+    """The latest published weights (version, object reference) and the version each replica serves."""
+
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = keep
+        self.version = 0
+        self.refs: dict[int, ray.ObjectRef] = {}
+        self.replicas: dict[str, tuple[int, float]] = {}  # replica -> (version, time of last ack)
+        self.changed = asyncio.Condition()
+
+    async def publish(self, version: int, ref_box: list) -> None:
+        async with self.changed:
+            self.version = version
+            self.refs[version] = ref_box[0]
+            for old in [v for v in self.refs if v <= version - self.keep]:
+                del self.refs[old]  # the object is freed once no replica still reads it
+            self.changed.notify_all()
+
+    async def kept(self) -> list[int]:
+        """Versions whose weights are still held."""
+        return sorted(self.refs)
+
+    async def latest(self) -> tuple[int, list]:
+        """(version, [reference]); ([None] before the first publish)."""
+        return self.version, [self.refs.get(self.version)]
+
+    async def wait_newer(self, version: int, timeout_s: float) -> tuple[int, list]:
+        """`latest()` as soon as it is newer than `version`, or after `timeout_s` whatever it is."""
+        async with self.changed:
+            try:
+                await asyncio.wait_for(self.changed.wait_for(lambda: self.version > version), timeout_s)
+            except TimeoutError:
+                pass
+        return await self.latest()
+
+    async def ack(self, replica: str, version: int) -> None:
+        async with self.changed:
+            self.replicas[replica] = (version, time.time())
+            self.changed.notify_all()
+
+    async def replica_versions(self, max_age_s: float = 5.0) -> dict[str, int]:
+        """Versions of the replicas heard from in the last `max_age_s` (each acks at least every 2 s), so
+        a replica removed by the autoscaler drops out by itself."""
+        now = time.time()
+        return {r: v for r, (v, t) in self.replicas.items() if now - t <= max_age_s}
+
+    async def wait_synced(self, version: int, replicas: int, timeout_s: float) -> dict[str, int] | None:
+        """{replica: version} once at least `replicas` live replicas serve `version` or newer and none
+        serves an older one; None after `timeout_s`."""
+
+        def synced() -> bool:
+            live = {r: v for r, (v, t) in self.replicas.items() if time.time() - t <= 5.0}
+            return len(live) >= replicas and all(v >= version for v in live.values())
+
+        async with self.changed:
+            try:
+                await asyncio.wait_for(self.changed.wait_for(synced), timeout_s)
+            except TimeoutError:
+                return None
+        return await self.replica_versions()
+
+
+NAMESPACE = "dapo-ray"
+
+
+def create_store(name: str, keep: int = 2) -> ray.actor.ActorHandle:
+    """The run's weight store, owned by the driver (it goes away with the driver)."""
+    return WeightStore.options(name=name, namespace=NAMESPACE, get_if_exists=True).remote(keep)
+
+
+def get_store(name: str) -> ray.actor.ActorHandle:
+    return ray.get_actor(name, namespace=NAMESPACE)
