@@ -22,6 +22,7 @@ from dapo_ray.config import Config
 from dapo_ray.data import load_prompts, synthetic_prompts
 from dapo_ray.metrics import Tracker
 from dapo_ray.pipeline import SamplingSpec, ScoringSpec, generate_round
+from dapo_ray.producer import Producer
 from dapo_ray.trainer.batch import build_shards, flatten_groups
 
 
@@ -50,7 +51,8 @@ class PromptCursor:
             if self.index == len(self.order):
                 self.epoch, self.index = self.epoch + 1, 0
                 self._reorder()
-            out.append(self.rows[self.order[self.index]])
+            # "epoch:index" names this draw, so the prompt ledger can check each is used exactly once.
+            out.append(self.rows[self.order[self.index]] | {"draw": f"{self.epoch}:{self.index}"})
             self.index += 1
         return out
 
@@ -239,12 +241,13 @@ def run(cfg: Config) -> dict:
 
 def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, eval_rows: list[dict],
           probe_ids: list[int], out_dir: Path, t_start: float) -> dict:  # fmt: skip
-    """The RL steps: sample, score, filter, train, sync, evaluate; checkpoints ride along with train."""
+    """The RL steps: take a batch -> train -> publish and sync -> evaluate; checkpoints ride along with
+    train. The producer samples, scores and filters (the next batch meanwhile, with max_policy_lag >= 1)."""
     t, r = cfg.trainer, cfg.rollout
     ready = stack.next_result("ready")
     step = ready["step"]
     totals = {"generated_groups": 0, "kept_groups": 0, "rounds": 0, "partial_steps": 0, "skipped_steps": 0,
-              "stale_dropped": 0}
+              "stale_dropped": 0}  # fmt: skip
     if ready["driver_state"]:
         cursor.load_state_dict(ready["driver_state"]["cursor"])
         filler.load_state_dict(ready["driver_state"]["filler"])
@@ -261,77 +264,89 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
         summary["curve"].append((0.0, ev["eval/avg_at_k"]))
         tracker.log(ev, step=0)
         log(f"held-out before training: avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%}, pass@{cfg.eval.n} {ev['eval/pass_at_k']:.1%}")
+
     sampling = SamplingSpec(r.n, r.temperature, r.top_p, r.max_response_length)
+    scoring = _scoring(cfg)
+
+    def rollout(prompts: list[dict]) -> list[dict]:
+        return generate_round(prompts, stack.app, sampling, scoring,
+                              prompts_per_call=max(1, len(prompts) // concurrency), max_concurrency=concurrency)  # fmt: skip
+
+    producer = Producer(cursor, filler, rollout, t.gen_batch_size, overlap=cfg.algorithm.max_policy_lag >= 1)
     t_train = time.time()
     empty_steps = 0
-
-    while step < t.total_steps:
-        t0 = time.time()
-        # 1. Sample and score rounds of prompts until the batch is full (Dynamic Sampling, Eq. 11).
-        filler.start_step(version=step)
-        generated: list[dict] = []
-        while filler.needs_more():
-            prompts = cursor.take(filler.prompts_for_next_round(t.gen_batch_size))
-            groups = generate_round(prompts, stack.app, sampling, _scoring(cfg),
-                                    prompts_per_call=max(1, len(prompts) // concurrency), max_concurrency=concurrency)  # fmt: skip
-            generated += groups
-            filler.add(groups, keep=[g["keep"] for g in groups], versions=[g["policy_version"] for g in groups])
-        batch, fill = filler.finish()
-        t_gen = time.time() - t0
-        for k in ("generated_groups", "kept_groups", "rounds", "stale_dropped"):
-            totals[k] = totals.get(k, 0) + getattr(fill, k)
-        totals["partial_steps"] += fill.outcome == "partial"
-        totals["skipped_steps"] += fill.outcome == "empty"
-        if fill.outcome != "full":
-            log(fill.message)
-        if fill.outcome == "stopped":  # checkpoint first: the kept groups and the data cursor survive
-            stack.save({"cursor": cursor.state_dict(), "filler": filler.state_dict(), "totals": totals})
-            log(f"saved a checkpoint at step {step} with {fill.carried_out} kept groups; re-run to resume")
-            summary["stopped"] = {"step": step, "kept_groups": fill.carried_out}
-            break
-        if fill.outcome == "empty":
-            empty_steps += 1
-            if empty_steps == 3:
-                log("stopping: 3 steps in a row found no group with both right and wrong answers; the task "
-                    "is too hard or too easy for this model (check eval accuracy and rollout settings)")
+    try:
+        while step < t.total_steps:
+            # 1. Take a batch of kept groups (dynamic sampling); the next one may start generating now.
+            t0 = time.time()
+            b = producer.take(step, prefetch=step + 1 < t.total_steps)
+            fill = b.fill
+            for k in ("generated_groups", "kept_groups", "rounds", "stale_dropped"):
+                totals[k] = totals.get(k, 0) + getattr(fill, k)
+            totals["partial_steps"] += fill.outcome == "partial"
+            totals["skipped_steps"] += fill.outcome == "empty"
+            if fill.outcome != "full":
+                log(fill.message)
+            if fill.outcome == "stopped":  # checkpoint first: the kept groups and the data cursor survive
+                stack.save(b.state | {"totals": totals})
+                log(f"saved a checkpoint at step {step} with {fill.carried_out} kept groups; re-run to resume")
+                summary["stopped"] = {"step": step, "kept_groups": fill.carried_out}
                 break
-            continue
-        empty_steps = 0
+            if fill.outcome == "empty":
+                empty_steps += 1
+                if empty_steps == 3:
+                    log("stopping: 3 steps in a row found no group with both right and wrong answers; the task "
+                        "is too hard or too easy for this model (check eval accuracy and rollout settings)")
+                    break
+                continue
+            empty_steps = 0
 
-        # 2. Train on it: one shard per worker; a checkpoint (with the driver's state) when due.
-        due = (t.save_every and (step + 1) % t.save_every == 0) or step + 1 == t.total_steps
-        shards = build_shards(flatten_groups(batch), t.num_workers, t.mini_batch_size, t.micro_batch_size, seed=t.seed + step)
-        state = {"cursor": cursor.state_dict(), "filler": filler.state_dict(), "totals": totals}
-        res = stack.train(shards, state if due else None)
-        step = res["step"]
+            # 2. Train on it: one shard per worker; a checkpoint (with the producer's state) when due.
+            t1 = time.time()
+            due = (t.save_every and (step + 1) % t.save_every == 0) or step + 1 == t.total_steps
+            shards = build_shards(flatten_groups(b.groups), t.num_workers, t.mini_batch_size, t.micro_batch_size,
+                                  seed=t.seed + step)  # fmt: skip
+            t2 = time.time()
+            res = stack.train(shards, b.state | {"totals": totals} if due else None)
+            step = res["step"]
 
-        # 3. Sync: every replica serves the new version before the next rollout; check its log-probs.
-        t1 = time.time()
-        versions = stack.sync(step)
-        engine_version, engine_lp = stack.handle.sequence_logprobs.remote(probe_ids).result()
-        probe_diff = max(abs(x - y) for x, y in zip(engine_lp, res.pop("probe_logprobs"), strict=True))
-        metrics = {
-            **batch_metrics(batch, generated, step - 1),
-            **{f"dynamic_sampling/{k}": v for k, v in fill.__dict__.items() if isinstance(v, int)},
-            "dynamic_sampling/partial": float(fill.outcome == "partial"),
-            **{k: v for k, v in res.items() if k not in ("kind", "step")},
-            "weight_sync/wait_s": time.time() - t1,
-            "weight_sync/logprob_max_diff": probe_diff,
-            "weight_sync/replicas": len(versions),
-            "timing/generate_s": t_gen,
-            "timing/step_s": time.time() - t0,
-        }
-        summary["steps_log"].append({"step": step, "replica_versions": versions, "probe_version": engine_version,
-                                     "metrics": metrics})  # fmt: skip
-        tracker.log(metrics, step=step)
-        _print_step(step, t.total_steps, metrics, fill)
+            # 3. Sync: every replica serves the new version before the next on-policy rollout; check it.
+            t3 = time.time()
+            versions = stack.sync(step)
+            t4 = time.time()
+            engine_version, engine_lp = stack.handle.sequence_logprobs.remote(probe_ids).result()
+            probe_diff = max(abs(x - y) for x, y in zip(engine_lp, res.pop("probe_logprobs"), strict=True))
+            t5 = time.time()
+            metrics = {
+                **batch_metrics(b.groups, b.generated, step - 1),
+                **{f"dynamic_sampling/{k}": v for k, v in fill.__dict__.items() if isinstance(v, int)},
+                "dynamic_sampling/partial": float(fill.outcome == "partial"),
+                **{f"ledger/{k}": v for k, v in dataclasses.asdict(producer.ledger).items()},
+                **{k: v for k, v in res.items() if k not in ("kind", "step")},
+                "weight_sync/wait_s": t4 - t3,
+                "weight_sync/logprob_max_diff": probe_diff,
+                "weight_sync/replicas": len(versions),
+                "timing/generate_s": b.generate_s,
+                "timing/wait_batch_s": b.waited_s,
+                "timing/shard_s": t2 - t1,
+                "timing/train_s": t3 - t2,
+                "timing/sync_s": t4 - t3,
+                "timing/probe_s": t5 - t4,
+            }
+            metrics |= _phases(metrics, step_s=time.time() - t0)
+            summary["steps_log"].append({"step": step, "replica_versions": versions, "probe_version": engine_version,
+                                         "draws": b.draws, "metrics": metrics})  # fmt: skip
+            tracker.log(metrics, step=step)
+            _print_step(step, t.total_steps, metrics, fill)
 
-        # 4. Evaluate every eval.every steps.
-        if eval_rows and cfg.eval.every and step % cfg.eval.every == 0 and step < t.total_steps:
-            ev = evaluate(cfg, eval_rows, stack.app, concurrency)
-            tracker.log(ev, step=step)
-            summary["curve"].append((time.time() - t_train, ev["eval/avg_at_k"]))
-            log(f"held-out at step {step}: avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%}")
+            # 4. Evaluate every eval.every steps.
+            if eval_rows and cfg.eval.every and step % cfg.eval.every == 0 and step < t.total_steps:
+                ev = evaluate(cfg, eval_rows, stack.app, concurrency)
+                tracker.log(ev, step=step)
+                summary["curve"].append((time.time() - t_train, ev["eval/avg_at_k"]))
+                log(f"held-out at step {step}: avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%}")
+    finally:
+        producer.close()
 
     final = stack.finish()
     summary.update(steps=step, end_cursor=cursor.state_dict(), final_model=final, train_s=time.time() - t_train,
@@ -357,8 +372,26 @@ def _print_step(step: int, total: int, m: dict, fill) -> None:
         f"{f' +{fill.carried_in} carried' if fill.carried_in else ''}  "
         f"entropy {m['actor/entropy']:.3f}  len {m['response_length/mean']:.1f}  "
         f"clip+ {m['actor/clipfrac_high']:.3f} clip- {m['actor/clipfrac_low']:.3f}  "
-        f"sync diff {m['weight_sync/logprob_max_diff']:.1e}  gen {m['timing/generate_s']:.1f}s "
-        f"train {m['timing/update_s'] + m['timing/old_logprob_s']:.1f}s sync {m['weight_sync/wait_s']:.1f}s")  # fmt: skip
+        f"sync diff {m['weight_sync/logprob_max_diff']:.1e}  step {m['timing/step_s']:.2f}s = "
+        + " ".join(f"{k.removeprefix('phase/').removesuffix('_s')} {m[k]:.2f}" for k in PHASES))  # fmt: skip
+
+
+PHASES = ("phase/generate_s", "phase/old_logprob_s", "phase/update_s", "phase/publish_s", "phase/sync_s",
+          "phase/other_s")  # fmt: skip
+
+
+def _phases(m: dict, step_s: float) -> dict[str, float]:
+    """Where the step's wall time went, on the critical path: waiting for the batch (generation and
+    scoring not hidden behind the previous step's training), old log-probs, updates, the weight publish,
+    the replicas' sync, and the rest (shards, channel and report hops, the probe check)."""
+    named = {
+        "phase/generate_s": m["timing/wait_batch_s"],
+        "phase/old_logprob_s": m["timing/old_logprob_s"],
+        "phase/update_s": m["timing/update_s"],
+        "phase/publish_s": m["weight_sync/publish_s"],
+        "phase/sync_s": m["timing/sync_s"],
+    }
+    return {**named, "phase/other_s": step_s - sum(named.values()), "timing/step_s": step_s}
 
 
 def _absolute_paths(cfg: Config) -> Config:

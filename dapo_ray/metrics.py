@@ -24,7 +24,16 @@ METRICS: dict[str, str] = {
     "dynamic_sampling/batch_groups": "groups trained on this step",
     "dynamic_sampling/carried_in": "kept groups carried over from the previous step",
     "dynamic_sampling/carried_out": "kept groups carried into the next step",
-    "dynamic_sampling/stale_dropped": "carried groups dropped this step as older than algorithm.max_policy_lag",
+    "dynamic_sampling/stale_dropped": "groups dropped this step as older than algorithm.max_policy_lag",
+    "dynamic_sampling/filtered": "generated groups the keep rule rejected this step (all right or all wrong)",
+    "dynamic_sampling/surplus_dropped": "kept groups beyond the batch thrown away this step (carry_over off)",
+    # prompt ledger (cumulative over the run: taken = trained + filtered + stale + surplus + carried)
+    "ledger/taken": "prompts taken from the data cursor so far",
+    "ledger/trained": "of them, trained on",
+    "ledger/filtered": "of them, filtered out by the keep rule",
+    "ledger/stale_dropped": "of them, dropped as older than algorithm.max_policy_lag",
+    "ledger/surplus_dropped": "of them, dropped as surplus (carry_over off)",
+    "ledger/carried": "of them, kept and waiting for a later step",
     "dynamic_sampling/partial": "1 if the cap was hit and the step trained on a partial batch",
     # actor
     "actor/entropy": "mean entropy of the policy over response tokens, before the update",
@@ -43,16 +52,28 @@ METRICS: dict[str, str] = {
     "actor/mean_token_prob": "mean probability of the sampled tokens under the rollout policy",
     # weight sync
     "weight_sync/bytes": "bytes of the published weights",
-    "weight_sync/publish_s": "seconds to write and publish the weights",
+    "weight_sync/publish_s": "seconds to gather the weights and put them in the object store (trainer)",
     "weight_sync/wait_s": "seconds until every replica served the new version",
     "weight_sync/logprob_max_diff": "max |engine - trainer| log-prob of a fixed probe sequence after sync",
     "weight_sync/replicas": "replicas serving the new version",
     # timing
-    "timing/generate_s": "seconds of generation and scoring this step",
+    "timing/generate_s": "seconds filling this step's batch (rollout, scoring, filter); may overlap training",
+    "timing/wait_batch_s": "seconds the step waited for its batch (0 when generated during the previous step)",
     "timing/old_logprob_s": "seconds recomputing old log-probs",
     "timing/update_s": "seconds of gradient updates",
     "timing/weight_sync_s": "seconds of the trainer's weight publish",
+    "timing/shard_s": "seconds building the per-worker shards (driver)",
+    "timing/train_s": "seconds from handing the shards to the trainer to its reply",
+    "timing/sync_s": "seconds until every replica served the new version",
+    "timing/probe_s": "seconds of the probe log-prob check on a replica",
     "timing/step_s": "wall seconds of the whole step",
+    # where the step's time went, on the critical path (they sum to timing/step_s)
+    "phase/generate_s": "waiting for the batch: rollout and scoring not hidden behind training",
+    "phase/old_logprob_s": "old (and reference) log-probs",
+    "phase/update_s": "gradient updates",
+    "phase/publish_s": "gathering the weights and putting them in the object store",
+    "phase/sync_s": "until every replica serves the new version",
+    "phase/other_s": "the rest: shards, channel and report hops, checkpoint, probe check",
     # evaluation
     "eval/avg_at_k": "mean accuracy over k samples per held-out problem",
     "eval/pass_at_k": "share of held-out problems with at least one correct sample",
@@ -65,12 +86,15 @@ def check_known(keys) -> list[str]:
 
 
 class Tracker:
-    """MLflow logging of params and registered metrics; a no-op when disabled."""
+    """MLflow logging of params and registered metrics; a no-op when disabled. Metrics are written by a
+    background thread, off the RL step's critical path; `close()` waits for them."""
 
     def __init__(self, enabled: bool, tracking_uri: str, experiment: str, run_name: str, params: dict):
         self.enabled = enabled
         if not enabled:
             return
+        from concurrent.futures import ThreadPoolExecutor
+
         import mlflow
 
         self.mlflow = mlflow
@@ -78,11 +102,25 @@ class Tracker:
         mlflow.set_experiment(experiment)
         self.run = mlflow.start_run(run_name=run_name)
         mlflow.log_params({k: str(v)[:250] for k, v in params.items()})
+        self.client = mlflow.MlflowClient(tracking_uri)
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-writer")
+        self.pending: list = []
 
     def log(self, metrics: dict, step: int) -> None:
-        if self.enabled:
-            self.mlflow.log_metrics({k: float(v) for k, v in metrics.items() if k in METRICS}, step=step)
+        if not self.enabled:
+            return
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        batch = [Metric(k, float(v), now, step) for k, v in metrics.items() if k in METRICS]
+        self.pending = [f for f in self.pending if not f.done() or f.exception() is not None]
+        self.pending.append(self.writer.submit(self.client.log_batch, self.run.info.run_id, metrics=batch))
 
     def close(self) -> None:
         if self.enabled:
+            self.writer.shutdown(wait=True)
+            for f in self.pending:
+                f.result()  # surface a failed write
             self.mlflow.end_run()

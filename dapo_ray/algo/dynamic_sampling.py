@@ -68,6 +68,12 @@ class FillReport:
     carried_in: int
     carried_out: int
     stale_dropped: int = 0
+    """Groups older than `max_lag` versions, dropped (carried ones, or fresh ones sampled by a replica
+    still on an old policy)."""
+    filtered: int = 0
+    """Generated groups the keep rule rejected (all right or all wrong)."""
+    surplus_dropped: int = 0
+    """Kept groups beyond the batch, thrown away (carry_over off)."""
     message: str = ""
 
     @property
@@ -105,6 +111,8 @@ class BatchFiller(Generic[T]):
     _kept: list[tuple[int, T]] = field(default_factory=list, init=False)
     _carried_in: int = field(default=0, init=False)
     _stale: int = field(default=0, init=False)
+    _filtered: int = field(default=0, init=False)
+    _version: int = field(default=0, init=False)
     _rounds: int = field(default=0, init=False)
     _generated: int = field(default=0, init=False)
     _new_kept: int = field(default=0, init=False)
@@ -128,7 +136,8 @@ class BatchFiller(Generic[T]):
         self._stale = len(self._kept) - len(fresh)
         self._kept = fresh
         self._carried_in = len(self._kept)
-        self._rounds = self._generated = self._new_kept = 0
+        self._rounds = self._generated = self._new_kept = self._filtered = 0
+        self._version = version
 
     @property
     def missing(self) -> int:
@@ -164,8 +173,11 @@ class BatchFiller(Generic[T]):
         self._rounds += 1
         self._generated += len(groups)
         kept = [(v, g) for g, k, v in zip(groups, keep, versions, strict=True) if k or not self.enabled]
-        self._new_kept += len(kept)
-        self._kept.extend(kept)
+        self._filtered += len(groups) - len(kept)
+        fresh = [(v, g) for v, g in kept if self._version - v <= self.max_lag]
+        self._stale += len(kept) - len(fresh)
+        self._new_kept += len(fresh)
+        self._kept.extend(fresh)
         self._rate_kept = self.rate_decay * self._rate_kept + len(kept)
         self._rate_generated = self.rate_decay * self._rate_generated + len(groups)
 
@@ -183,6 +195,8 @@ class BatchFiller(Generic[T]):
             carried_in=self._carried_in,
             carried_out=len(self._kept),
             stale_dropped=self._stale,
+            filtered=self._filtered,
+            surplus_dropped=0 if self.carry_over else len(surplus),
         )
         if full:
             dropped = "" if self.carry_over or not surplus else f"; dropped {len(surplus)} surplus groups"
@@ -192,8 +206,8 @@ class BatchFiller(Generic[T]):
             f"(max_rounds={self.max_rounds}; {self._new_kept}/{self._generated} generated groups kept)"
         )
         if self.on_cap == "stop":
-            self._kept = batch_pairs + self._kept  # nothing is lost: a resumed run uses them
-            counts["carried_out"] = len(self._kept)
+            self._kept = batch_pairs + surplus  # nothing is lost: a resumed run uses them
+            counts["carried_out"], counts["surplus_dropped"] = len(self._kept), 0
             return [], FillReport("stopped", batch_groups=0, message=f"{cap}; stopping (on_cap=stop)", **counts)
         if not batch:
             return [], FillReport("empty", batch_groups=0, message=f"{cap}; skipping this step", **counts)

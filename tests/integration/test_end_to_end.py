@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from dapo_ray.config import load_config
-from dapo_ray.driver import run
+from dapo_ray.driver import PHASES, run
 from dapo_ray.metrics import check_known
 
 TINY_CFG = Path(__file__).resolve().parents[2] / "workflows" / "configs" / "tiny_cpu.yaml"
@@ -26,6 +26,18 @@ COMMON = [
     "data.synthetic.num_eval=8",
     "eval.n=2",
 ]
+
+
+def assert_ledger_balances(summary: dict) -> None:
+    """Every prompt drawn from the cursor is used once: trained or filtered out in exactly one step, or
+    still accounted for in the cumulative ledger (carried, dropped)."""
+    used = [d for e in summary["steps_log"] for d in e["draws"]["trained"] + e["draws"]["filtered"]]
+    assert len(used) == len(set(used)), "a prompt draw was used twice"
+    last = summary["steps_log"][-1]["metrics"]
+    parts = ("trained", "filtered", "stale_dropped", "surplus_dropped", "carried")
+    assert last["ledger/taken"] == sum(last[f"ledger/{k}"] for k in parts)
+    if summary["start_step"] == 0:
+        assert last["ledger/trained"] + last["ledger/filtered"] == len(used)
 
 
 def test_three_steps_on_the_real_stack(tiny_model_dir, ray_cluster, tmp_path):
@@ -52,6 +64,10 @@ def test_three_steps_on_the_real_stack(tiny_model_dir, ray_cluster, tmp_path):
         assert k <= g and b <= cfg.trainer.train_batch_size
         assert m["dynamic_sampling/carried_out"] == m["dynamic_sampling/carried_in"] + k - b
         assert m["actor/updates"] >= 1 and m["weight_sync/bytes"] > 0
+        # max_policy_lag 1 (the default): the batch was generated while the previous step trained.
+        assert m["rollout/policy_version_lag_max"] <= 1
+        assert sum(m[k] for k in PHASES) == pytest.approx(m["timing/step_s"]) and m["phase/other_s"] > -1e-6
+    assert_ledger_balances(summary)
     assert summary["eval_after"]["eval/avg_at_k"] >= 0.0
     # The final model is a HF directory that transformers loads with its tokenizer.
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -59,6 +75,19 @@ def test_three_steps_on_the_real_stack(tiny_model_dir, ray_cluster, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(summary["final_model"])
     torch.testing.assert_close(model.state_dict()["lm_head.weight"], after["lm_head.weight"])
     assert AutoTokenizer.from_pretrained(summary["final_model"]).encode("Answer: 7") == [35, 80, 85, 89, 71, 84, 28, 2, 25]
+
+
+def test_max_policy_lag_0_trains_strictly_on_policy(tiny_model_dir, ray_cluster, tmp_path):
+    cfg = load_config(TINY_CFG, COMMON + [f"rollout.model_path={tiny_model_dir}", "trainer.total_steps=2",
+                      "algorithm.max_policy_lag=0", f"trainer.output_dir={tmp_path / 'on-policy'}"])  # fmt: skip
+    summary = run(cfg)
+    assert summary["steps"] == 2
+    for entry in summary["steps_log"]:
+        m = entry["metrics"]
+        assert m["rollout/policy_version_lag_max"] == 0 and m["actor/off_policy_token_frac"] == 0.0
+        assert m["timing/wait_batch_s"] >= m["timing/generate_s"]  # nothing generated ahead of time
+        assert m["weight_sync/logprob_max_diff"] < 1e-4
+    assert_ledger_balances(summary)
 
 
 def test_resume_continues_from_the_checkpoint(tiny_model_dir, ray_cluster, tmp_path):
