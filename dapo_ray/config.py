@@ -135,9 +135,12 @@ class AlgorithmConfig:
     """At the cap: train on the groups kept so far, or stop training with a message."""
     carry_over: bool = False
     """Keep surplus kept groups for the next step instead of discarding them (verl discards them)."""
-    max_policy_lag: int = 1
-    """Samples generated more than this many policy versions before the one they train are dropped (and
-    counted); those within it use the engine's log-probs as the ratio's denominator."""
+    max_policy_lag: int = 0
+    """How far behind the trained policy a sample may be. 0: strictly on-policy (the paper), the next
+    batch is generated after the new weights are served. >= 1: the next batch is generated while the
+    current one trains (one-step off-policy), and carried groups may wait a step. Samples older than
+    this are dropped (and counted); those within it use the engine's log-probs as the ratio's
+    denominator."""
     kl_coef: float = 0.0
     """KL penalty to the initial (reference) policy in the loss; DAPO removes it (section 2.3), so 0.
     When > 0 each trainer worker also holds a frozen reference model."""

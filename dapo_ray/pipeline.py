@@ -39,9 +39,9 @@ def generate_batch(batch: pa.Table, app_name: str, spec: SamplingSpec) -> pa.Tab
     if app_name not in _handles:
         _handles[app_name] = serve.get_deployment_handle("rollout", app_name=app_name)
     rows = batch.to_pylist()
-    version, outs = _handles[app_name].generate.remote(
-        [r["prompt_ids"] for r in rows], spec.n, spec.temperature, spec.top_p, spec.max_tokens
-    ).result()
+    version, outs = _call_replica(
+        _handles[app_name], [r["prompt_ids"] for r in rows], spec.n, spec.temperature, spec.top_p, spec.max_tokens
+    )
     for row, group in zip(rows, outs, strict=True):
         row["texts"] = [c["text"] for c in group]
         row["response_ids"] = [c["response_ids"] for c in group]
@@ -49,6 +49,25 @@ def generate_batch(batch: pa.Table, app_name: str, spec: SamplingSpec) -> pa.Tab
         row["finish_reasons"] = [c["finish_reason"] for c in group]
         row["policy_version"] = version
     return pa.Table.from_pylist(rows)
+
+
+def _call_replica(handle, *args, attempts: int = 4):
+    """`handle.generate.remote(*args).result()`, sent again when the replica serving it dies (a node
+    lost, a replica killed or scaled away): Serve routes the retry to a live replica, so the round
+    completes with every prompt. Nothing was kept from the failed call, so no sample is duplicated."""
+    import time
+
+    import ray
+
+    for attempt in range(attempts):
+        try:
+            return handle.generate.remote(*args).result()
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+            if attempt == attempts - 1:
+                raise
+            print(f"[rollout] a replica was lost mid-call ({type(e).__name__}); sending the call again", flush=True)
+            time.sleep(1.0 + attempt)
+    raise AssertionError("unreachable")
 
 
 @dataclass(frozen=True)

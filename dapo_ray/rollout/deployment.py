@@ -48,6 +48,7 @@ class RolloutServer:
         self.store = get_store(store_name)
         self.replica_id = f"replica-{uuid.uuid4().hex[:8]}"
         self.lock = asyncio.Lock()
+        self.in_flight = 0  # generate calls received and not yet answered
         await self._load(await self.store.latest.remote())  # the current policy before the first request
         self.follower = asyncio.get_running_loop().create_task(self._follow())
 
@@ -75,13 +76,22 @@ class RolloutServer:
         self, prompt_ids: list[list[int]], n: int, temperature: float, top_p: float, max_tokens: int
     ) -> tuple[int, list[list[Completion]]]:
         """(policy version, n completions per prompt); the version is checked against the store first."""
-        await self._load(await self.store.latest.remote())
-        async with self.lock:
-            version = self.engine.version
-            out = await asyncio.to_thread(
-                self.engine.generate, prompt_ids, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens
-            )
-        return version, out
+        self.in_flight += 1
+        try:
+            await self._load(await self.store.latest.remote())
+            async with self.lock:
+                version = self.engine.version
+                out = await asyncio.to_thread(
+                    self.engine.generate, prompt_ids, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens
+                )
+            return version, out
+        finally:
+            self.in_flight -= 1
+
+    async def stats(self) -> dict:
+        """This replica's actor name, policy version and generate calls in flight."""
+        return {"actor": ray.get_runtime_context().get_actor_name(), "version": self.engine.version,
+                "in_flight": self.in_flight}  # fmt: skip
 
     async def sequence_logprobs(self, token_ids: list[int]) -> tuple[int, list[float]]:
         await self._load(await self.store.latest.remote())

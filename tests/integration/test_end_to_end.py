@@ -64,7 +64,7 @@ def test_three_steps_on_the_real_stack(tiny_model_dir, ray_cluster, tmp_path):
         assert k <= g and b <= cfg.trainer.train_batch_size
         assert m["dynamic_sampling/carried_out"] == m["dynamic_sampling/carried_in"] + k - b
         assert m["actor/updates"] >= 1 and m["weight_sync/bytes"] > 0
-        # max_policy_lag 1 (the default): the batch was generated while the previous step trained.
+        # max_policy_lag 1 (the demo config's): the batch was generated while the previous step trained.
         assert m["rollout/policy_version_lag_max"] <= 1
         assert sum(m[k] for k in PHASES) == pytest.approx(m["timing/step_s"]) and m["phase/other_s"] > -1e-6
     assert_ledger_balances(summary)

@@ -1,0 +1,59 @@
+"""A rollout replica killed in the middle of a generation round: the round still completes."""
+
+import threading
+import time
+
+import pytest
+import ray
+from ray import serve
+
+from dapo_ray.config import RolloutConfig
+from dapo_ray.pipeline import SamplingSpec, ScoringSpec, generate_round
+from dapo_ray.rollout.deployment import APP_NAME, deploy_rollout
+from dapo_ray.weights import create_store
+
+pytestmark = pytest.mark.integration
+
+
+def _replica_actors() -> list[str]:
+    """Names of the live rollout replicas' actors (Serve names them SERVE_REPLICA::<app>#<deployment>#<id>)."""
+    named = ray.util.list_named_actors(all_namespaces=True)
+    return [a["name"] for a in named if a["namespace"] == "serve" and a["name"].startswith(f"SERVE_REPLICA::{APP_NAME}#")]
+
+
+def _busy_replica(handle, min_calls: int, timeout_s: float = 120.0) -> str:
+    """The actor name of a replica with at least `min_calls` generate calls in flight."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        for stats in [handle.stats.remote().result() for _ in range(4)]:  # Serve spreads these over replicas
+            if stats["in_flight"] >= min_calls:
+                return stats["actor"]
+        time.sleep(0.1)
+    raise TimeoutError("no replica got busy")
+
+
+def test_a_round_completes_when_a_replica_dies_mid_round(tiny_model_dir, ray_cluster):
+    store = create_store("weights-replica-loss")
+    cfg = RolloutConfig(model_path=str(tiny_model_dir), n=4, max_response_length=24, num_replicas=2,
+                        min_replicas=2, max_replicas=2, enforce_eager=True, dtype="float32")  # fmt: skip
+    try:
+        handle = deploy_rollout(cfg, max_model_len=128, store_name="weights-replica-loss", seed=1)
+        assert len(_replica_actors()) == 2
+        prompts = [{"uid": str(i), "draw": f"0:{i}", "prompt_ids": [5 + i % 7, 6, 7, 8], "ground_truth": "1"}
+                   for i in range(96)]  # fmt: skip
+        scoring = ScoringSpec("dapo", 24, True, 8, 1.0, True, 1e-6, True)
+        out: list = []
+        rounds = threading.Thread(target=lambda: out.append(generate_round(
+            prompts, APP_NAME, SamplingSpec(4, 1.0, 1.0, 24), scoring, prompts_per_call=2, max_concurrency=4)))  # fmt: skip
+        rounds.start()
+        victim = _busy_replica(handle, min_calls=2)  # these calls fail with it: they must be sent again
+        ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+        rounds.join(timeout=300)
+        assert not rounds.is_alive() and out, "the round did not complete"
+        groups = out[0]
+        assert sorted(g["draw"] for g in groups) == sorted(p["draw"] for p in prompts)  # each prompt once
+        assert all(len(g["response_ids"]) == 4 for g in groups)
+        assert victim not in _replica_actors()
+    finally:
+        serve.delete(APP_NAME)
+        ray.kill(store)
