@@ -21,6 +21,7 @@ test-fast:        ## the pure and unit tiers only (seconds)
 bench:            ## benchmarks that print figures beside their baselines
 	$(PY) bench/verifier.py
 	$(PY) bench/logprob_memory.py
+	$(PY) bench/weight_sync.py
 
 lint:
 	$(VENV)/bin/ruff check dapo_ray tests bench workflows

@@ -2,12 +2,13 @@
 
 Both sides call this module and nothing else of each other:
 
-* **trainer rank 0** `publish(store, version, state_dict)`: packs every tensor into one contiguous byte
-  buffer (a numpy array, so Ray stores it out of band and readers map it without copying), `ray.put`s it
-  once and hands the reference to the run's `WeightStore` actor;
+* **trainer rank 0** `publish(store, version, state_dict)`: views every tensor's bytes as a uint8 numpy
+  array (no copy), `ray.put`s them as one object (numpy arrays go out of band: one copy, straight into
+  the object store, and readers map them without copying) and hands the reference to the run's
+  `WeightStore` actor;
 * **each replica** `await store.wait_newer.remote(version)`: a long poll that returns the moment a newer
   version is published (no polling interval on the critical path); `unpack(ray.get(ref))` then yields
-  (name, tensor) views of the buffer for vLLM's weight loader. Ray moves the buffer to the replica's node
+  (name, tensor) views of the arrays for vLLM's weight loader. Ray moves the buffer to the replica's node
   (object transfer, no shared file system), once per node however many replicas live there.
 
 A replica the autoscaler starts later asks the store for the latest version before its first request,
@@ -27,49 +28,47 @@ import numpy as np
 import ray
 import torch
 
-ALIGN = 64  # bytes: every tensor starts aligned, so dtype views of the buffer are legal
-
 
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
     dtype: str  # torch dtype name, e.g. "bfloat16"
     shape: tuple[int, ...]
-    offset: int
-    nbytes: int
 
 
-def pack(state: dict[str, torch.Tensor]) -> tuple[list[TensorSpec], np.ndarray]:
-    """(specs, one uint8 buffer holding every tensor's bytes) — one copy of the weights."""
-    specs, offset = [], 0
+Payload = tuple[list[TensorSpec], list[np.ndarray]]
+
+
+def pack(state: dict[str, torch.Tensor]) -> Payload:
+    """(specs, one uint8 numpy view of each tensor's bytes). No copy: `ray.put` copies each view straight
+    into the object store (numpy arrays travel out of band), and numpy holds any dtype's bytes, bfloat16
+    included. A staging buffer of the whole model would cost a second full copy per version."""
+    specs, arrays = [], []
     for name, t in state.items():
-        nbytes = t.numel() * t.element_size()
-        specs.append(TensorSpec(name, str(t.dtype).removeprefix("torch."), tuple(t.shape), offset, nbytes))
-        offset += -(-nbytes // ALIGN) * ALIGN
-    buffer = np.empty(offset, dtype=np.uint8)
-    flat = torch.from_numpy(buffer)
-    for spec, t in zip(specs, state.values(), strict=True):
-        flat[spec.offset : spec.offset + spec.nbytes].copy_(t.detach().contiguous().view(-1).view(torch.uint8))
-    return specs, buffer
+        t = t.detach().contiguous()
+        specs.append(TensorSpec(name, str(t.dtype).removeprefix("torch."), tuple(t.shape)))
+        arrays.append(t.view(-1).view(torch.uint8).numpy())
+    return specs, arrays
 
 
-def unpack(payload: tuple[list[TensorSpec], np.ndarray]) -> list[tuple[str, torch.Tensor]]:
-    """(name, tensor) views into the buffer (no copy); read-only when the buffer came from `ray.get`."""
-    specs, buffer = payload
+def unpack(payload: Payload) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) views of the arrays (no copy); read-only when they came from `ray.get`."""
+    specs, arrays = payload
     with warnings.catch_warnings():  # the object store's buffers are read-only; the loader only reads
         warnings.simplefilter("ignore", UserWarning)
-        flat = torch.from_numpy(buffer)
-    return [
-        (s.name, flat[s.offset : s.offset + s.nbytes].view(getattr(torch, s.dtype)).view(s.shape)) for s in specs
-    ]
+        return [
+            (s.name, torch.from_numpy(a).view(getattr(torch, s.dtype)).view(s.shape))
+            for s, a in zip(specs, arrays, strict=True)
+        ]
 
 
 def publish(store, version: int, state: dict[str, torch.Tensor]) -> int:
-    """Put the weights in the object store as `version` and tell the store; returns the bytes sent."""
-    specs, buffer = pack(state)
-    ref = ray.put((specs, buffer))
+    """Put the weights in the object store as `version` and tell the store; returns the bytes sent. The
+    object store holds its own copy once this returns, so training may change `state` afterwards."""
+    specs, arrays = pack(state)
+    ref = ray.put((specs, arrays))
     ray.get(store.publish.remote(version, [ref]))  # in a list: the store keeps the reference, not the value
-    return buffer.nbytes
+    return sum(a.nbytes for a in arrays)
 
 
 def fetch(ref_box: list) -> list[tuple[str, torch.Tensor]]:
