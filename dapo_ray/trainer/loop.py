@@ -184,15 +184,14 @@ def _quiet_ray_train_reports() -> None:
     logging.getLogger(context.__file__).setLevel(logging.WARNING)
 
 
-def _report(engine, metrics: dict, save_state: dict | None, step: int, rank: int) -> None:
-    """`ray.train.report` the step's numbers, with a checkpoint (DeepSpeed state + the driver's state:
-    data cursor, carried groups, counters) when the driver asks for one."""
+def _report(engine, metrics: dict, save_state: dict, step: int, rank: int) -> None:
+    """A checkpoint through `ray.train.report`: DeepSpeed state + the driver's state (data cursor,
+    carried groups, counters), with the step's numbers. Steps without a checkpoint report nothing to Ray
+    Train: their numbers reach the driver through the channel, and a report costs up to a second there
+    (Ray Train keeps one unconsumed report per worker and its controller drains them on its own clock)."""
     import ray.train
 
     numbers = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
-    if save_state is None:
-        ray.train.report(numbers)
-        return
     tmp = Path(tempfile.mkdtemp(prefix="dapo-ckpt-"))
     engine.save_checkpoint(str(tmp), tag="ckpt")
     if rank == 0:
@@ -263,7 +262,8 @@ def train_loop(params: dict) -> None:
                 probe_lp = engine(probe, torch.ones_like(probe), 1.0)[0][0].float().cpu().tolist()
             if rank == 0:
                 metrics["probe_logprobs"] = probe_lp
-        _report(engine, metrics, item["save"], step, rank)
+        if item["save"] is not None:
+            _report(engine, metrics, item["save"], step, rank)
         if rank == 0:
             ray.get(channel.put_result.remote({"kind": "step", **metrics}))
 
