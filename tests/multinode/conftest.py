@@ -133,6 +133,9 @@ def namespace_unavailable_reason() -> str | None:
     missing = [tool for tool in ("unshare", "timeout", "sh") if shutil.which(tool) is None]
     if missing:
         return f"multinode tests need {', '.join(missing)} on PATH"
+    hidden = [m for m in PRIVATE_MOUNTS if ROOT.is_relative_to(m)]
+    if hidden:
+        return f"the repository ({ROOT}) is under {hidden[0]}, which worker nodes do not see; check it out elsewhere"
     probe = subprocess.run([*UNSHARE, "true"], capture_output=True, text=True, timeout=30)
     if probe.returncode == 0:
         return None
