@@ -86,6 +86,13 @@ class RolloutConfig:
     """Fewest replicas autoscaling may keep."""
     max_replicas: int = 1
     """Most replicas autoscaling may start (= min_replicas: fixed size)."""
+    target_ongoing_requests: float = 2.0
+    """Autoscaling: Serve adds replicas while the average generate calls in flight per replica exceed
+    this (the driver keeps 2 calls per possible replica in flight during a round)."""
+    upscale_delay_s: float = 30.0
+    """Autoscaling: how long the load must stay high before a replica is added."""
+    downscale_delay_s: float = 120.0
+    """Autoscaling: how long the load must stay low before a replica is removed."""
     tensor_parallel_size: int = 1
     """GPUs per replica."""
     gpu_memory_utilization: float = 0.85
@@ -425,6 +432,8 @@ def validate(cfg: Config) -> None:
         f"need 1 <= rollout.min_replicas ({r.min_replicas}) <= rollout.num_replicas ({r.num_replicas}) "
         f"<= rollout.max_replicas ({r.max_replicas})",
     )
+    check(r.target_ongoing_requests > 0 and r.upscale_delay_s >= 0 and r.downscale_delay_s >= 0,
+          "rollout.target_ongoing_requests must be > 0 and the scale delays >= 0")  # fmt: skip
     check(t.train_batch_size >= 1 and t.gen_batch_size >= 1, "trainer batch sizes must be >= 1")
     check(t.num_workers >= 1, "trainer.num_workers must be >= 1")
     check(

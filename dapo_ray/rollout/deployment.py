@@ -101,8 +101,11 @@ class RolloutServer:
 def deploy_rollout(cfg: RolloutConfig, max_model_len: int, store_name: str, seed: int) -> serve.handle.DeploymentHandle:
     """Start (or update) the Serve application; fixed size, or autoscaled when max_replicas > min_replicas."""
     if cfg.max_replicas > cfg.min_replicas:
-        scaling = {"autoscaling_config": {"min_replicas": cfg.min_replicas, "max_replicas": cfg.max_replicas,
-                                          "initial_replicas": cfg.num_replicas, "target_ongoing_requests": 2}}  # fmt: skip
+        scaling = {"autoscaling_config": {
+            "min_replicas": cfg.min_replicas, "max_replicas": cfg.max_replicas, "initial_replicas": cfg.num_replicas,
+            "target_ongoing_requests": cfg.target_ongoing_requests, "upscale_delay_s": cfg.upscale_delay_s,
+            "downscale_delay_s": cfg.downscale_delay_s,
+        }}  # fmt: skip
     else:
         scaling = {"num_replicas": cfg.num_replicas}
     actor_options: dict = {"num_cpus": cfg.cpus_per_replica}
