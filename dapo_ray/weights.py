@@ -120,15 +120,14 @@ class WeightStore:
     async def replica_versions(self, max_age_s: float = 5.0) -> dict[str, int]:
         """Versions of the replicas heard from in the last `max_age_s` (each acks at least every 2 s), so
         a replica removed by the autoscaler drops out by itself."""
-        now = time.time()
-        return {r: v for r, (v, t) in self.replicas.items() if now - t <= max_age_s}
+        return self._live(max_age_s)
 
     async def wait_synced(self, version: int, replicas: int, timeout_s: float) -> dict[str, int] | None:
         """{replica: version} once at least `replicas` live replicas serve `version` or newer and none
         serves an older one; None after `timeout_s`."""
 
         def synced() -> bool:
-            live = {r: v for r, (v, t) in self.replicas.items() if time.time() - t <= 5.0}
+            live = self._live()
             return len(live) >= replicas and all(v >= version for v in live.values())
 
         async with self.changed:
@@ -136,7 +135,11 @@ class WeightStore:
                 await asyncio.wait_for(self.changed.wait_for(synced), timeout_s)
             except TimeoutError:
                 return None
-        return await self.replica_versions()
+        return self._live()
+
+    def _live(self, max_age_s: float = 5.0) -> dict[str, int]:
+        now = time.time()
+        return {r: v for r, (v, t) in self.replicas.items() if now - t <= max_age_s}
 
 
 NAMESPACE = "dapo-ray"
