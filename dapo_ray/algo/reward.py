@@ -20,23 +20,43 @@ Modes
         digits, and ``Answer: 025`` is correct for ground truth ``25`` (strict mode says wrong).
 ``math_verify``
     Correct when ``dapo`` says so, or when Math-Verify (HF, sympy-based) finds the answer equivalent to
-    the ground truth; the answer is the ``Answer:`` line if there is one, else the last ``\\boxed{}``.
+    the ground truth. The answer is the ``Answer:`` line if there is one, else the last ``\\boxed{}``,
+    else the last answer Math-Verify's own extraction finds in the last 300 characters (its default
+    LaTeX and plain-expression configs: ``The answer is 42``, ``so x = \\frac{1}{2}``, ``$\\sqrt{2}$``).
     Adds ``1/2`` vs ``\\frac{1}{2}``, ``0.5`` vs ``1/2`` and so on. Slower (~ms per response).
 
-Safety: no mode evaluates model text as code; sympy only parses the short extracted answer (at most
-`MAX_ANSWER_CHARS`), Math-Verify runs with its own timeouts, and any exception scores -1. A response
-with no parsable answer scores -1 with ``pred = "[INVALID]"``.
+Safety, for any input in every mode: no exception escapes, no model text is run as code, and a call
+returns within `TIME_LIMIT_S` (after a process's first ``math_verify`` call, which imports and warms up
+sympy, and off the main thread starts the helper: seconds, once). A response with no parsable answer, a
+non-string response, or a ground truth that is neither text nor a number scores -1 with
+``pred = "[INVALID]"``.
+  * ``dapo`` modes only do linear-time string work on the last 300 characters (and a linear scan for
+    trailing special tokens).
+  * Math-Verify only sees the 300-character tail, an extracted answer is cut to `MAX_ANSWER_CHARS`,
+    and its plain-expression parser (sympy's ``parse_expr``, which uses ``eval``) only receives digits
+    and arithmetic operators, by Math-Verify's extraction regex.
+  * sympy's work is cut after `VERIFY_BUDGET_S` (``10^{10^{10}}``, ``(10^{10})!``) and scores -1, like
+    any exception. Math-Verify's own timeouts use whole-second ``signal.alarm`` (calls took 1.02 s), so
+    the scorer turns them off and runs its own sub-second timer instead (`_within_budget`). An answer
+    that honestly needs longer (none of DAPO's) scores -1 as well, and near the budget its verdict
+    can depend on the machine's load.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import numbers
+import os
 import re
 import select
+import signal
 import subprocess
 import sys
 import threading
-from typing import Literal, TypedDict
+import time
+from collections.abc import Callable
+from typing import Literal, TypedDict, TypeVar
 
 Mode = Literal["dapo", "dapo_strict", "math_verify"]
 MODES: tuple[str, ...] = ("dapo", "dapo_strict", "math_verify")
@@ -44,15 +64,25 @@ MODES: tuple[str, ...] = ("dapo", "dapo_strict", "math_verify")
 INVALID = "[INVALID]"
 TAIL_CHARS = 300  # DAPO scores only the last 300 characters of a response.
 MAX_ANSWER_CHARS = 200  # Longest extracted answer handed to sympy (bounds parse time).
+MAX_GROUND_TRUTH_CHARS = 1000  # DAPO's normalisation is quadratic in length; DAPO-Math-17k's longest is 23.
+TIME_LIMIT_S = 1.0  # The promise: one call, overhead included (tests/unit/test_verifier_hostile.py).
+VERIFY_BUDGET_S = 0.5  # sympy's share of it; the rest covers the signal's latency and the helper's pipe.
+HELPER_DEADLINE_S = 0.85  # Off the main thread: a helper that has not answered by then is killed.
+HELPER_START_TIMEOUT_S = 120.0  # The helper's one-off start (importing sympy) on a busy machine.
 
 _ANSWER_RE = re.compile(r"(?i)Answer\s*:\s*([^\n]+)")
-_SPECIAL_TOKEN_RE = re.compile(r"(<\|[^|<>\n]{1,40}\|>|</s>|<eos>|<pad>)+\s*$")
+_TRAILING_TOKEN_RE = re.compile(r"(?:<\|[^|<>\n]{1,40}\|>|</s>|<eos>|<pad>)\Z")
+_LONGEST_TOKEN = 44  # "<|" + 40 characters + "|>"
 
 
 class Score(TypedDict):
     score: float
     acc: bool
     pred: str
+
+
+def _invalid() -> Score:
+    return {"score": -1.0, "acc": False, "pred": INVALID}
 
 
 # --- DAPO's Minerva-style normalisation (verl: verl/utils/reward_score/math_dapo.py) ---------------
@@ -91,8 +121,16 @@ def normalize_final_answer(answer: str) -> str:
 
 
 def strip_special_tokens(text: str) -> str:
-    """Remove trailing chat special tokens: `"Answer: 13<|im_end|>"` -> `"Answer: 13"`."""
-    return _SPECIAL_TOKEN_RE.sub("", text)
+    """Remove trailing chat special tokens: `"Answer: 13<|im_end|>"` -> `"Answer: 13"`.
+
+    Strips the run of tokens (and the whitespace after it) one token at a time from the end, in linear
+    time; the one-regex form `(token)+ whitespace* $` backtracks quadratically: hours on a 1 MB response
+    of special tokens followed by one other character."""
+    body = text.rstrip()
+    end = len(body)
+    while match := _TRAILING_TOKEN_RE.search(body, max(0, end - _LONGEST_TOKEN), end):
+        end = match.start()
+    return body[:end] if end < len(body) else text
 
 
 def extract_answer_line(text: str) -> str | None:
@@ -138,102 +176,215 @@ def _dapo(response: str, ground_truth: str, strict: bool) -> Score:
     return {"score": 1.0 if acc else -1.0, "acc": acc, "pred": pred}
 
 
-def _math_verify(response: str, ground_truth: str) -> Score:
+# --- Math-Verify, bounded in time ----------------------------------------------------------------------
+
+
+def _sympy_verdict(tail: str, ground_truth: str) -> Score:
+    """Math-Verify's verdict on the answer in `tail` (unbounded in time: see `_bounded_verdict`)."""
     from math_verify import parse, verify  # lazy: pulls in sympy and antlr
 
+    line = extract_answer_line(tail)
+    answer = line if line is not None else last_boxed(tail)
+    if answer is None:
+        # Free-form text ("The answer is 42"): Math-Verify's own extraction, default configs (LaTeX, then
+        # plain expressions), takes the last answer it finds.
+        pred = parse(tail, parsing_timeout=None)
+    elif not answer.strip():
+        return _invalid()
+    else:
+        answer = answer.strip()[:MAX_ANSWER_CHARS]
+        # Math-Verify finds math inside $...$ or \boxed{}; wrap a bare answer so `13` and `\frac{1}{2}` parse.
+        if "$" not in answer and "\\boxed" not in answer:
+            answer = f"${answer}$"
+        pred = parse(answer, parsing_timeout=None)
+    if not pred:
+        return _invalid()
+    gold = parse(f"${ground_truth}$", parsing_timeout=None)
+    acc = bool(verify(gold, pred, timeout_seconds=None))
+    return {"score": 1.0 if acc else -1.0, "acc": acc, "pred": str(pred[-1])}
+
+
+class _OutOfTime(BaseException):
+    """The budget ran out. A BaseException, so that sympy's many `except Exception` cannot swallow it."""
+
+
+T = TypeVar("T")
+
+
+def _within_budget(budget_s: float, fn: Callable[..., T], *args) -> T | None:
+    """`fn(*args)`, or None when it has not returned within `budget_s` seconds. Main thread only.
+
+    A SIGALRM timer interrupts `fn` between bytecodes, which also stops CPython's big-integer powers
+    (`10**10**10` checks for signals); it repeats every 50 ms in case library code swallows one, and the
+    handler raises only while `fn` is on the stack, so a late alarm cannot escape into the caller. A
+    timer the caller had running (pytest-timeout, say) is given back what is left of it."""
+
+    def run():
+        return fn(*args)
+
+    def on_alarm(signum, frame):
+        while frame is not None:
+            if frame.f_code is run.__code__:
+                raise _OutOfTime
+            frame = frame.f_back
+
+    start = time.monotonic()
+    old_handler = signal.signal(signal.SIGALRM, on_alarm)
+    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, budget_s, 0.05)
+    try:
+        return run()
+    except _OutOfTime:
+        return None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old_handler)
+        if old_delay:
+            left = max(old_delay - (time.monotonic() - start), 1e-3)
+            signal.setitimer(signal.ITIMER_REAL, left, old_interval)
+
+
+@functools.cache
+def _load_math_verify() -> None:
+    """Import Math-Verify and verify a few answers of each kind once: first uses import parts of sympy
+    (sets, intervals, evalf) for up to ~0.5 s, a one-off cost that must not eat a call's budget."""
+    from math_verify import grader, parser
+
+    # Its timeouts are off (whole-second alarms); say so once here rather than warn in every process.
+    parser.TIMEOUT_WARNING_SHOWN = grader.TIMEOUT_WARNING_SHOWN = True
+    for tail, ground_truth in [
+        ("Answer: 0.5", "\\frac{1}{2}"), ("Answer: \\sqrt{8}", "2\\sqrt{2}"), ("We get 3/4.", "0.75"),
+        ("Answer: x \\in [1, 2]", "[1,2]"), ("Answer: 1 < x < 2", "(1,2)"), ("Answer: \\{2, 1\\}", "\\{1,2\\}"),
+        ("Thus $x^2+1$", "x^2+1"), ("Answer: 10\\%", "0.1"), ("so x = 5!", "120"), ("Answer: \\pi", "3.14"),
+    ]:  # fmt: skip
+        _sympy_verdict(tail, ground_truth)
+
+
+def _forget_interrupted_work() -> None:
+    """Empty sympy's and Math-Verify's caches after a timeout: an interrupted computation can leave
+    half-evaluated objects in them (assumptions stored as unknown), and no later verdict may depend on
+    what an earlier call happened to get through."""
+    from math_verify import parser
+    from sympy.core.cache import clear_cache
+
+    clear_cache()
+    for cached in (parser.parse_latex_cached, parser.parse_expr_cached, parser.extract_latex):
+        cached.cache_clear()
+
+
+def _bounded_verdict(tail: str, ground_truth: str) -> Score:
+    """`_sympy_verdict` cut at VERIFY_BUDGET_S; out of time scores -1. Main thread only."""
+    _load_math_verify()
+    verdict = _within_budget(VERIFY_BUDGET_S, _sympy_verdict, tail, ground_truth)
+    if verdict is None:
+        _forget_interrupted_work()
+        return _invalid()
+    return verdict
+
+
+# The SIGALRM timer only works in the main thread; elsewhere (Ray actors with concurrency, thread pools)
+# we ask one helper process, whose main thread can use it, over a pipe of JSON lines. The helper runs
+# this file as a script: importing the package would pull in torch and take many seconds to start.
+# If the helper overruns anyway (a single C call that outlasts the budget) it is killed by the deadline.
+_helper: subprocess.Popen | None = None
+_helper_lock = threading.Lock()
+
+
+def _start_helper() -> subprocess.Popen | None:
+    """A helper that has said it is ready (Math-Verify imported, warmed up), or None if it did not."""
+    helper = subprocess.Popen(
+        [sys.executable, "-P", __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+    )
+    ready, _, _ = select.select([helper.stdout], [], [], HELPER_START_TIMEOUT_S)
+    if ready and helper.stdout.readline().strip() == "ready":
+        return helper
+    helper.kill()
+    helper.wait()
+    return None
+
+
+def _verdict_from_helper(tail: str, ground_truth: str) -> Score:
+    """`_bounded_verdict` in the helper. Concurrent callers take turns; the deadline starts at a turn."""
+    global _helper
+    with _helper_lock:
+        if _helper is None or _helper.poll() is not None:
+            _helper = _start_helper()  # one-off (or after a kill), outside the per-call deadline
+            if _helper is None:
+                return _invalid()
+        deadline = time.monotonic() + HELPER_DEADLINE_S
+        _helper.stdin.write(json.dumps([tail, ground_truth]) + "\n")
+        _helper.stdin.flush()
+        ready, _, _ = select.select([_helper.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if ready:
+            line = _helper.stdout.readline()
+            if line:
+                return json.loads(line)
+        _helper.kill()
+        _helper.wait()
+        _helper = None
+        return _invalid()
+
+
+def _serve() -> None:
+    """The helper's loop: "ready" once warmed up, then one `[tail, ground_truth]` JSON line in, one Score
+    JSON line out. Replies go to a copy of the pipe; anything a library prints goes to stderr instead,
+    so it cannot put the replies out of step."""
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    _load_math_verify()
+    replies.write("ready\n")
+    replies.flush()
+    for line in sys.stdin:
+        try:
+            out = _bounded_verdict(*json.loads(line))
+        except Exception:  # noqa: BLE001
+            out = _invalid()
+        replies.write(json.dumps(out) + "\n")
+        replies.flush()
+
+
+def _math_verify(response: str, ground_truth: str) -> Score:
     by_string = _dapo(response, ground_truth, strict=False)
     if by_string["acc"]:
         return by_string
     tail = strip_special_tokens(response)[-TAIL_CHARS:]
-    line = extract_answer_line(tail)
-    answer = line if line is not None else last_boxed(tail)
-    if answer is None or not answer.strip():
-        return {"score": -1.0, "acc": False, "pred": INVALID}
-    answer = answer.strip()[:MAX_ANSWER_CHARS]
-    # Math-Verify finds math inside $...$ or \boxed{}; wrap a bare answer so `13` and `\frac{1}{2}` parse.
-    if "$" not in answer and "\\boxed" not in answer:
-        answer = f"${answer}$"
-    gold = parse(f"${ground_truth}$", parsing_timeout=1)
-    pred = parse(answer, parsing_timeout=1)
-    acc = bool(pred) and bool(verify(gold, pred, timeout_seconds=1))
-    shown = str(pred[-1]) if pred else INVALID
-    return {"score": 1.0 if acc else -1.0, "acc": acc, "pred": shown}
+    if threading.current_thread() is threading.main_thread():
+        return _bounded_verdict(tail, ground_truth)
+    return _verdict_from_helper(tail, ground_truth)
 
 
-# Math-Verify bounds its time with SIGALRM, which only works in the main thread; elsewhere (Ray actors
-# with concurrency, thread pools) it raises, and every answer would silently score -1. Off the main
-# thread we therefore ask one helper process, whose main thread can
-# use the alarm, over a pipe of JSON lines. A helper that hangs past HELPER_TIMEOUT_S is killed.
-_helper: subprocess.Popen | None = None
-_helper_lock = threading.Lock()
-HELPER_TIMEOUT_S = 5.0
-HELPER_START_TIMEOUT_S = 120.0
+def _is_answer(ground_truth: object) -> bool:
+    """Text or a number; `str(None)` would make "Answer: None" correct for a row with no answer."""
+    return isinstance(ground_truth, str) or (
+        isinstance(ground_truth, numbers.Real) and not isinstance(ground_truth, bool)
+    )
 
 
-def _math_verify_off_main_thread(response: str, ground_truth: str) -> Score:
-    global _helper
-    with _helper_lock:
-        if _helper is None or _helper.poll() is not None:
-            _helper = subprocess.Popen(
-                [sys.executable, "-c", "from dapo_ray.algo.reward import _serve; _serve()"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
-            )  # fmt: skip
-            # Its start-up (importing sympy and Math-Verify) takes seconds on a busy machine: wait for it
-            # apart, so the per-answer timeout below bounds the verification alone.
-            ready, _, _ = select.select([_helper.stdout], [], [], HELPER_START_TIMEOUT_S)
-            if not ready or _helper.stdout.readline().strip() != "ready":
-                _helper.kill()
-                _helper.wait()
-                _helper = None
-                return {"score": -1.0, "acc": False, "pred": INVALID}
-        helper = _helper
-        helper.stdin.write(json.dumps([response, ground_truth]) + "\n")
-        helper.stdin.flush()
-        ready, _, _ = select.select([helper.stdout], [], [], HELPER_TIMEOUT_S)
-        if ready:
-            line = helper.stdout.readline()
-            if line:
-                return json.loads(line)
-        helper.kill()
-        helper.wait()
-        _helper = None
-        return {"score": -1.0, "acc": False, "pred": INVALID}
-
-
-def _serve() -> None:
-    """The helper's loop: "ready" once imported, then one `[response, ground_truth]` JSON line in, one
-    Score JSON line out."""
-    import math_verify  # noqa: F401 - the slow import, before saying ready
-
-    sys.stdout.write("ready\n")
-    sys.stdout.flush()
-    for line in sys.stdin:
-        response, ground_truth = json.loads(line)
-        try:
-            out = _math_verify(response, ground_truth)
-        except Exception:  # noqa: BLE001
-            out = {"score": -1.0, "acc": False, "pred": INVALID}
-        sys.stdout.write(json.dumps(out) + "\n")
-        sys.stdout.flush()
-
-
-def compute_score(response: str, ground_truth: str, mode: Mode = "dapo") -> Score:
+def compute_score(response: str, ground_truth: str | int | float, mode: Mode = "dapo") -> Score:
     """Score one response against its ground truth: +1 if equivalent, -1 otherwise (DAPO Eq. 7).
 
-    Never raises on model text: a malformed or unparsable answer scores -1.
+    Never raises on model text or data: a malformed or unparsable answer, a response that is not a
+    string, or a ground truth that is neither text nor a number (`None`, bytes) scores -1. The returned
+    `pred` is always valid UTF-8 (lone surrogates become "?").
 
     >>> compute_score("so x = 12+1.\\nAnswer: $13$", "13")
     {'score': 1.0, 'acc': True, 'pred': '13'}
     """
     if mode not in MODES:
         raise ValueError(f"reward mode {mode!r} is not one of {MODES}")
-    if not isinstance(response, str):
-        return {"score": -1.0, "acc": False, "pred": INVALID}
     try:
+        if not isinstance(response, str) or not _is_answer(ground_truth):
+            return _invalid()
+        ground_truth = str(ground_truth)
+        if len(ground_truth) > MAX_GROUND_TRUTH_CHARS:
+            return _invalid()
         if mode == "math_verify":
-            if threading.current_thread() is threading.main_thread():
-                return _math_verify(response, str(ground_truth))
-            return _math_verify_off_main_thread(response, str(ground_truth))
-        return _dapo(response, str(ground_truth), strict=mode == "dapo_strict")
+            out = _math_verify(response, ground_truth)
+        else:
+            out = _dapo(response, ground_truth, strict=mode == "dapo_strict")
+        return {**out, "pred": out["pred"].encode("utf-8", "replace").decode("utf-8")}
     except Exception:  # noqa: BLE001 - the verifier must never take a training step down
-        return {"score": -1.0, "acc": False, "pred": INVALID}
+        return _invalid()
+
+
+if __name__ == "__main__":
+    _serve()
