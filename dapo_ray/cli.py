@@ -89,6 +89,31 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare(args: argparse.Namespace) -> int:
+    """Prompt files -> one de-duplicated, templated parquet and a report (a Ray Data job)."""
+    import os
+
+    import ray
+
+    from dapo_ray.data import BadRowError
+    from dapo_ray.prepare import PrepareError, prepare, report_path
+
+    started = not ray.is_initialized()
+    if started:  # join the job's cluster (RAY_ADDRESS), else start our own
+        ray.init(address=os.environ.get("RAY_ADDRESS") or "local")
+    try:
+        report = prepare(args.input, args.output, apply_template=args.apply_template, data_source=args.data_source,
+                         limit=args.limit, shuffle=args.shuffle, seed=args.seed, strict=args.strict)  # fmt: skip
+    except (PrepareError, BadRowError, FileNotFoundError) as e:
+        print(f"dapo-ray prepare: error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if started:
+            ray.shutdown()
+    print(f"[prepare] {report}\n[prepare] report written to {report_path(args.output)}")
+    return 0
+
+
 def _ladder(args: argparse.Namespace) -> int:
     from dapo_ray.ablation import LADDER, overrides_for
 
@@ -101,6 +126,8 @@ def _ladder(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from dapo_ray import evaluate, report
+
     p = argparse.ArgumentParser(prog="dapo-ray", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -117,9 +144,26 @@ def build_parser() -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=text)
         with_config(sp)
         sp.set_defaults(func=func)
+    pr = sub.add_parser("prepare", help="de-duplicate and template prompt files into one parquet (Ray Data)")
+    pr.add_argument("--input", nargs="+", required=True,
+                    help="parquet (verl/DAPO schema, or problem/answer columns) or jsonl files")  # fmt: skip
+    pr.add_argument("--output", required=True, help="the .parquet file to write (local path or s3://...)")
+    pr.add_argument("--apply-template", choices=["auto", "always", "never"], default="auto",
+                    help="auto: wrap prompts that lack the DAPO instruction; always: rebuild every prompt as the "
+                         "template around its bare problem; never: keep the text")  # fmt: skip
+    pr.add_argument("--data-source", help="the data_source of every written row (default: each row's own)")
+    pr.add_argument("--limit", type=int,
+                    help="write at most this many prompts (the first ones, or a random set with --shuffle)")  # fmt: skip
+    pr.add_argument("--shuffle", action="store_true", help="write in a seeded random order, not input order")
+    pr.add_argument("--seed", type=int, default=0, help="seed of --shuffle")
+    pr.add_argument("--strict", action="store_true",
+                    help="stop with the first bad row (file and row) instead of dropping and counting it")  # fmt: skip
+    pr.set_defaults(func=_prepare)
+    evaluate.add_parser(sub)
     lad = sub.add_parser("ladder", help="print the overrides of the paper's ablation ladder (Table 1)")
     lad.add_argument("rung", nargs="?", help="one rung; all when omitted")
     lad.set_defaults(func=_ladder)
+    report.add_parser(sub)
     return p
 
 

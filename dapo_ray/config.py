@@ -93,6 +93,8 @@ class RolloutConfig:
     """Autoscaling: how long the load must stay high before a replica is added."""
     downscale_delay_s: float = 120.0
     """Autoscaling: how long the load must stay low before a replica is removed."""
+    look_back_period_s: float = 30.0
+    """Autoscaling: the window over which Serve averages the calls in flight (Serve's default)."""
     tensor_parallel_size: int = 1
     """GPUs per replica."""
     gpu_memory_utilization: float = 0.85
@@ -141,7 +143,9 @@ class AlgorithmConfig:
     on_cap: Literal["train_partial", "stop"] = "train_partial"
     """At the cap: train on the groups kept so far, or stop training with a message."""
     carry_over: bool = False
-    """Keep surplus kept groups for the next step instead of discarding them (verl discards them)."""
+    """Keep surplus kept groups for a later step instead of discarding them (verl discards them). A
+    batch's surplus is generated while the previous step trains (max_policy_lag >= 1) and trained two
+    versions later, so this needs max_policy_lag >= 2."""
     max_policy_lag: int = 0
     """How far behind the trained policy a sample may be. 0: strictly on-policy (the paper), the next
     batch is generated after the new weights are served. >= 1: the next batch is generated while the
@@ -202,7 +206,9 @@ class TrainerConfig:
     save_every: int = 10
     """Checkpoint every this many steps (0: only at the end)."""
     output_dir: str = "runs"
-    """Where runs, checkpoints and the final model go."""
+    """Where checkpoints and the final model go: a directory (every node must see it on a cluster: a
+    shared mount) or object storage, `s3://bucket/prefix` or `gs://...` (see dapo_ray/storage.py). Its
+    last part names the run; the same value resumes it."""
     seed: int = 1
     """Seed of model init, sampling and shuffling."""
 
@@ -239,11 +245,24 @@ class TrackingConfig:
     enabled: bool = True
     """Log parameters and metrics to MLflow."""
     tracking_uri: str = ""
-    """MLflow tracking URI; empty: a SQLite store, `<trainer.output_dir>/mlflow.db`."""
+    """MLflow tracking URI; empty: a SQLite store, `<trainer.output_dir>/mlflow.db` (with object storage
+    as output_dir: `runs/<name>/mlflow.db` on the driver's machine)."""
     experiment: str = "dapo-ray"
     """MLflow experiment name."""
     run_name: str = ""
-    """MLflow run name; empty: derived from the config file and time."""
+    """MLflow run name; empty: the name of trainer.output_dir. A resumed run continues the latest MLflow
+    run of that name."""
+    log_model: bool = True
+    """Also store the final model directory as an MLflow artifact (a copy of the whole model: turn it off
+    for large models, whose final model is already in trainer.output_dir)."""
+    system_metrics: bool = True
+    """MLflow's system metrics (CPU, memory, GPU of the driver's machine, every 10 s)."""
+    report: bool = True
+    """At the end of the run, draw `dapo-ray report`'s figures and summary into `<trainer.output_dir>/report`
+    (when it is a local directory) and store them with the MLflow run."""
+    ray_metrics: bool = True
+    """Export the run's metrics as Ray metrics (Prometheus, Ray dashboard; `dapo_ray.ray_metrics`) from the
+    driver, every rollout replica and every trainer worker."""
 
 
 @dataclass(frozen=True)
@@ -287,6 +306,12 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        """The whole resolved config as YAML, loadable with `load_config`."""
+        import json
+
+        return yaml.safe_dump(json.loads(json.dumps(self.to_dict())), sort_keys=False)
 
     def flat(self) -> dict[str, Any]:
         """`{"algorithm.eps_high": 0.28, ...}`, for experiment trackers."""
@@ -418,6 +443,10 @@ def validate(cfg: Config) -> None:
     check(a.kl_coef >= 0.0, f"algorithm.kl_coef must be >= 0, got {a.kl_coef}")
     check(a.max_gen_rounds >= 1, "algorithm.max_gen_rounds must be >= 1")
     check(a.max_policy_lag >= 0, f"algorithm.max_policy_lag must be >= 0, got {a.max_policy_lag}")
+    check(not a.carry_over or a.max_policy_lag >= 2,
+          f"algorithm.carry_over needs algorithm.max_policy_lag >= 2 (got {a.max_policy_lag}): surplus groups are "
+          "two policy versions old by the step that could use them, so every one would be dropped as stale; "
+          "set carry_over: false (as verl) or max_policy_lag: 2")  # fmt: skip
     check(t.ppo_epochs >= 1, f"trainer.ppo_epochs must be >= 1, got {t.ppo_epochs}")
     check(t.logprob_chunk_size >= 1, f"trainer.logprob_chunk_size must be >= 1, got {t.logprob_chunk_size}")
     check(
@@ -432,8 +461,9 @@ def validate(cfg: Config) -> None:
         f"need 1 <= rollout.min_replicas ({r.min_replicas}) <= rollout.num_replicas ({r.num_replicas}) "
         f"<= rollout.max_replicas ({r.max_replicas})",
     )
-    check(r.target_ongoing_requests > 0 and r.upscale_delay_s >= 0 and r.downscale_delay_s >= 0,
-          "rollout.target_ongoing_requests must be > 0 and the scale delays >= 0")  # fmt: skip
+    check(r.target_ongoing_requests > 0 and r.upscale_delay_s >= 0 and r.downscale_delay_s >= 0
+          and r.look_back_period_s > 0,
+          "rollout.target_ongoing_requests and rollout.look_back_period_s must be > 0 and the scale delays >= 0")  # fmt: skip
     check(t.train_batch_size >= 1 and t.gen_batch_size >= 1, "trainer batch sizes must be >= 1")
     check(t.num_workers >= 1, "trainer.num_workers must be >= 1")
     check(

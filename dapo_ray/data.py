@@ -13,11 +13,15 @@ exactly that line). `aime-2024.parquet` carries it already; the 17k copy here ho
 With `template="dapo"` a user message that lacks the instruction is wrapped; a leading
 "Solve the following math problem step by step." (a shortened prefix some copies use) is replaced by
 the full template rather than repeated.
+
+`dapo_ray.prepare` turns whole files into a de-duplicated, templated parquet with the same row rules:
+the row functions here raise `RowError`, whose `reason` (one of `ROW_PROBLEMS`) is what it counts.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +43,27 @@ _INSTRUCTION_MARK = "Answer: $Answer"
 
 class BadRowError(ValueError):
     """A dataset row that cannot be used; the message names the file and row."""
+
+
+ROW_PROBLEMS = {
+    "bad_record": "a jsonl line that is not valid JSON, or not a JSON object",
+    "missing_problem": "no 'prompt' (or 'problem'/'question') column or field, or it is null",
+    "empty_problem": "no non-empty user message, or an empty problem text",
+    "bad_prompt_type": "'prompt' is not a list of {role, content} strings, or the problem is not text",
+    "missing_ground_truth": "no 'reward_model.ground_truth' (or 'answer'/'ground_truth'), or it is null",
+    "bad_ground_truth_type": "the ground truth or 'reward_model' has the wrong type (e.g. a bool or a list)",
+    "empty_ground_truth": "the ground truth is empty or only whitespace",
+}
+"""Why a row cannot be used: reason -> what it means (the `reason` of a `RowError`)."""
+
+
+class RowError(ValueError):
+    """One raw row that cannot be used: the message says what is wrong, `reason` names the kind."""
+
+    def __init__(self, reason: str, message: str):
+        assert reason in ROW_PROBLEMS, reason
+        super().__init__(message)
+        self.reason = reason
 
 
 @dataclass
@@ -69,40 +94,86 @@ def apply_dapo_template(problem: str) -> str:
     return DAPO_PREFIX + problem + DAPO_SUFFIX
 
 
+def strip_dapo_template(text: str) -> str:
+    """The bare problem inside a DAPO-templated prompt (the text itself when it carries no template).
+
+    >>> strip_dapo_template(apply_dapo_template("What is 1+1?"))
+    'What is 1+1?'
+    """
+    text = text.strip()
+    for prefix in (DAPO_PREFIX, _SHORT_PREFIX):
+        if text.startswith(prefix):
+            text = text[len(prefix) :]
+            break
+    return text.removesuffix(DAPO_SUFFIX.strip()).strip()
+
+
+def template_messages(messages: list[Message], mode: Literal["auto", "always", "never"]) -> bool:
+    """Put the first user message in the DAPO template, in place; True if its text changed.
+
+    `auto` wraps a message that lacks the instruction (`Answer: $Answer`) and leaves one that has it;
+    `always` rebuilds every message as the exact template around its bare problem, so a templated prompt
+    is normalised, never wrapped twice; `never` leaves the text.
+    """
+    user = next(m for m in messages if m["role"] == "user")
+    if mode == "never" or (mode == "auto" and _INSTRUCTION_MARK in user["content"]):
+        return False
+    new = apply_dapo_template(strip_dapo_template(user["content"]))
+    changed, user["content"] = new != user["content"], new
+    return changed
+
+
+def prompt_key(messages: list[Message]) -> str:
+    """What de-duplication compares: the whole chat prompt, after templating."""
+    return json.dumps(messages, sort_keys=True)
+
+
 def _messages_from_verl(raw: Any) -> list[Message]:
     if hasattr(raw, "tolist"):  # numpy arrays from pandas-written files
         raw = raw.tolist()
     if isinstance(raw, str):
-        return [{"role": "user", "content": raw}]
-    if not isinstance(raw, list) or not raw:
-        raise ValueError(f"'prompt' must be a non-empty list of chat messages, got {type(raw).__name__}")
+        raw = [{"role": "user", "content": raw}]
+    if raw is None:
+        raise RowError("missing_problem", "'prompt' is null")
+    if not isinstance(raw, list):
+        raise RowError("bad_prompt_type", f"'prompt' must be a list of chat messages, got {type(raw).__name__}")
+    if not raw:
+        raise RowError("empty_problem", "'prompt' must be a non-empty list of chat messages, got an empty list")
     messages: list[Message] = []
     for m in raw:
         if not isinstance(m, dict) or not isinstance(m.get("content"), str) or not isinstance(m.get("role"), str):
-            raise ValueError(f"'prompt' holds a message without string 'role' and 'content': {m!r:.80}")
+            raise RowError("bad_prompt_type",
+                           f"'prompt' holds a message without string 'role' and 'content': {m!r:.80}")  # fmt: skip
         messages.append({"role": m["role"], "content": m["content"]})
     if not any(m["role"] == "user" and m["content"].strip() for m in messages):
-        raise ValueError("'prompt' has no non-empty user message")
+        raise RowError("empty_problem", "'prompt' has no non-empty user message")
     return messages
 
 
 def _ground_truth(raw: Any) -> str:
-    if isinstance(raw, bool) or raw is None:
-        raise ValueError(f"ground truth is missing or not text/number: {raw!r}")
-    if isinstance(raw, int | float):
+    if raw is None or (isinstance(raw, float) and math.isnan(raw)):  # NaN: a null in a pandas float column
+        raise RowError("missing_ground_truth", f"ground truth is missing: {raw!r}")
+    if isinstance(raw, float) and raw.is_integer():
+        raw = int(raw)  # 5.0 from a float column is the integer answer "5"
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
         raw = str(raw)
-    if not isinstance(raw, str) or not raw.strip():
-        raise ValueError(f"ground truth is missing or empty: {raw!r}")
+    if not isinstance(raw, str):
+        raise RowError("bad_ground_truth_type", f"ground truth is not text or a number: {raw!r:.80}")
+    if not raw.strip():
+        raise RowError("empty_ground_truth", f"ground truth is empty: {raw!r}")
     return raw.strip()
 
 
 def row_from_verl(raw: dict, uid: str) -> PromptRow:
     """A verl/DAPO parquet row (`prompt`, `reward_model.ground_truth`, `data_source`) as a PromptRow."""
     if "prompt" not in raw:
-        raise ValueError("column 'prompt' is missing")
+        raise RowError("missing_problem", "column 'prompt' is missing")
     rm = raw.get("reward_model")
-    if not isinstance(rm, dict) or "ground_truth" not in rm:
-        raise ValueError("column 'reward_model' with field 'ground_truth' is missing")
+    if rm is not None and not isinstance(rm, dict):
+        raise RowError("bad_ground_truth_type",
+                       f"'reward_model' must be a struct with 'ground_truth', got {type(rm).__name__}")  # fmt: skip
+    if rm is None or "ground_truth" not in rm:
+        raise RowError("missing_ground_truth", "column 'reward_model' with field 'ground_truth' is missing")
     return {
         "uid": uid,
         "messages": _messages_from_verl(raw["prompt"]),
@@ -115,10 +186,14 @@ def row_from_verl(raw: dict, uid: str) -> PromptRow:
 def row_from_jsonl(raw: dict, uid: str) -> PromptRow:
     """A jsonl record with `problem` (or `question`) and `answer` (or `ground_truth`)."""
     if not isinstance(raw, dict):
-        raise ValueError(f"expected a JSON object, got {type(raw).__name__}")
+        raise RowError("bad_record", f"expected a JSON object, got {type(raw).__name__}")
     problem = raw.get("problem", raw.get("question"))
-    if not isinstance(problem, str) or not problem.strip():
-        raise ValueError("field 'problem' (or 'question') is missing or empty")
+    if problem is None:
+        raise RowError("missing_problem", "field 'problem' (or 'question') is missing or empty")
+    if not isinstance(problem, str):
+        raise RowError("bad_prompt_type", f"field 'problem' (or 'question') is not text: {problem!r:.80}")
+    if not problem.strip():
+        raise RowError("empty_problem", "field 'problem' (or 'question') is missing or empty")
     answer = raw.get("answer", raw.get("ground_truth"))
     return {
         "uid": uid,
@@ -169,7 +244,7 @@ def load_prompts(
             report.rows_read += 1
             try:
                 if isinstance(raw, Exception):
-                    raise ValueError(f"not valid JSON: {raw}")
+                    raise RowError("bad_record", f"not valid JSON: {raw}")
                 row = convert(raw, uid=f"{path.name}:{i}")
             except ValueError as e:
                 msg = f"{path}: row {i}: {e}"
@@ -178,13 +253,10 @@ def load_prompts(
                 report.bad_rows += 1
                 report.first_bad = report.first_bad or msg
                 continue
-            if template == "dapo":
-                user = next(m for m in row["messages"] if m["role"] == "user")
-                if _INSTRUCTION_MARK not in user["content"]:
-                    user["content"] = apply_dapo_template(user["content"])
-                    report.templated += 1
+            if template_messages(row["messages"], "auto" if template == "dapo" else "never"):
+                report.templated += 1
             if dedupe:
-                key = json.dumps(row["messages"], sort_keys=True)
+                key = prompt_key(row["messages"])
                 if key in seen:
                     report.duplicates += 1
                     continue

@@ -17,12 +17,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dapo_ray import storage
 from dapo_ray.algo import BatchFiller
 from dapo_ray.config import Config
 from dapo_ray.data import load_prompts, synthetic_prompts
 from dapo_ray.metrics import Tracker
 from dapo_ray.pipeline import SamplingSpec, ScoringSpec, generate_round
 from dapo_ray.producer import Producer
+from dapo_ray.progress import Pace, StatusLine, duration
+from dapo_ray.ray_metrics import DriverMetrics, run_name
 from dapo_ray.trainer.batch import build_shards, flatten_groups
 
 
@@ -64,7 +67,12 @@ class PromptCursor:
         self._reorder()
 
 
+_status: StatusLine | None = None  # the live status line of the running training loop, if any
+
+
 def log(msg: str) -> None:
+    if _status:
+        _status.clear()
     print(f"[dapo-ray {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
@@ -83,13 +91,7 @@ def prepare_prompts(cfg: Config, tokenizer) -> tuple[list[dict], list[dict]]:
         log(f"eval data: {report}")
 
     def tokenize(rows: list[dict]) -> list[dict]:
-        out = []
-        for r in rows:
-            ids = tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True)
-            if hasattr(ids, "input_ids") or isinstance(ids, dict):
-                ids = ids["input_ids"]
-            if len(ids) <= d.max_prompt_length:
-                out.append({"uid": r["uid"], "prompt_ids": list(ids), "ground_truth": r["ground_truth"]})
+        out = tokenize_prompts(rows, tokenizer, d.max_prompt_length)
         if len(out) < len(rows):
             log(f"dropped {len(rows) - len(out)} prompts longer than {d.max_prompt_length} tokens")
         return out
@@ -97,15 +99,28 @@ def prepare_prompts(cfg: Config, tokenizer) -> tuple[list[dict], list[dict]]:
     return tokenize(train), tokenize(held_out)
 
 
+def tokenize_prompts(rows: list[dict], tokenizer, max_prompt_length: int) -> list[dict]:
+    """Rows with `prompt_ids` (the chat template, with the generation prompt), `uid`, `ground_truth`;
+    prompts longer than `max_prompt_length` tokens are left out."""
+    out = []
+    for r in rows:
+        ids = tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "input_ids") or isinstance(ids, dict):
+            ids = ids["input_ids"]
+        if len(ids) <= max_prompt_length:
+            out.append({"uid": r["uid"], "prompt_ids": list(ids), "ground_truth": r["ground_truth"]})
+    return out
+
+
 def evaluate(cfg: Config, rows: list[dict], app: str, concurrency: int) -> dict[str, float]:
-    """avg@k and pass@k on held-out problems, through the same Ray Data + Serve path as training."""
+    """avg@k, pass@k and maj@k on held-out problems, through the same Ray Data + Serve path as training
+    (the code of `dapo-ray eval`, dapo_ray/evaluate.py)."""
+    from dapo_ray.evaluate import eval_sampling, sample_and_score, summarize
+
     if not rows:
         return {}
-    e = cfg.eval
-    sampling = SamplingSpec(e.n, e.temperature, e.top_p, e.max_response_length or cfg.rollout.max_response_length)
-    groups = generate_round(rows, app, sampling, _scoring(cfg), prompts_per_call=32, max_concurrency=concurrency)
-    accs = [a for g in groups for a in g["acc"]]
-    return {"eval/avg_at_k": sum(accs) / len(accs), "eval/pass_at_k": sum(any(g["acc"]) for g in groups) / len(groups)}
+    s = summarize(sample_and_score(rows, app, eval_sampling(cfg), _scoring(cfg), concurrency))
+    return {"eval/avg_at_k": s["avg_at_k"], "eval/pass_at_k": s["pass_at_k"], "eval/maj_at_k": s["maj_at_k"]}
 
 
 def _scoring(cfg: Config) -> ScoringSpec:
@@ -130,6 +145,7 @@ def batch_metrics(batch: list[dict], generated: list[dict], version: int) -> dic
         "response_length/clip_ratio": statistics.fmean(t for g in batch for t in g["truncated"]),
         "rollout/policy_version_lag": statistics.fmean(version - g["policy_version"] for g in batch),
         "rollout/policy_version_lag_max": max(version - g["policy_version"] for g in batch),
+        "rollout/replicas_sampling": len({g.get("replica") for g in generated or batch}),
         "actor/mean_token_prob": statistics.fmean(math.exp(x) for x in lps) if lps else 0.0,
     }
 
@@ -138,9 +154,9 @@ class Stack:
     """The running system: vLLM replicas on Serve, TorchTrainer workers in the background, and the
     weight store and channel that join them. `close()` shuts down what it started."""
 
-    def __init__(self, cfg: Config, out_dir: Path, probe_ids: list[int]):
+    def __init__(self, cfg: Config, probe_ids: list[int]):
         import ray
-        from ray.train import RunConfig, ScalingConfig
+        from ray.train import ScalingConfig
         from ray.train.torch import TorchTrainer
 
         from dapo_ray.rollout.deployment import APP_NAME, deploy_rollout
@@ -149,7 +165,8 @@ class Stack:
         from dapo_ray.weights import NAMESPACE, create_store
 
         t, r = cfg.trainer, cfg.rollout
-        name = out_dir.name
+        output = t.output_dir
+        name = storage.name(output)
         self.app = APP_NAME
         self.num_workers = t.num_workers
         self.store = create_store(f"weights-{name}", cfg.weight_sync.keep_versions)
@@ -157,15 +174,16 @@ class Stack:
         self.channel = Channel.options(name=f"channel-{name}", namespace=NAMESPACE).remote(t.num_workers)
         log(f"deploying {r.num_replicas} vLLM rollout replica(s) of {r.model_path}")
         max_model_len = cfg.data.max_prompt_length + max(r.max_response_length, cfg.eval.max_response_length or 0)
-        self.handle = deploy_rollout(r, max_model_len, f"weights-{name}", t.seed)
+        self.handle = deploy_rollout(r, max_model_len, f"weights-{name}", t.seed, run=run_name(cfg),
+                                     export_metrics=cfg.tracking.ray_metrics)  # fmt: skip
         trainer = TorchTrainer(
             train_loop,
             train_loop_config={"config": cfg, "channel": f"channel-{name}", "store": f"weights-{name}",
                                "namespace": NAMESPACE, "probe_ids": probe_ids,
-                               "final_dir": str(out_dir / "final_model")},
+                               "final_dir": storage.join(output, "final_model")},
             scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu,
                                          resources_per_worker=_worker_resources(t)),
-            run_config=RunConfig(name=name, storage_path=str(out_dir / "ray_train")),
+            run_config=_run_config(name, storage.join(output, "ray_train")),
         )  # fmt: skip
         self.fit_error: list[BaseException] = []
         self.fit_thread = threading.Thread(target=_fit, args=(trainer, self.fit_error), daemon=True)
@@ -223,8 +241,8 @@ def run(cfg: Config) -> dict:
     t_start = time.time()
     cfg = _absolute_paths(cfg)
     t, a, r = cfg.trainer, cfg.algorithm, cfg.rollout
-    out_dir = Path(t.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if not storage.is_uri(t.output_dir):
+        Path(t.output_dir).mkdir(parents=True, exist_ok=True)
     _init_ray(cfg)
     tokenizer = AutoTokenizer.from_pretrained(r.model_path)
     train_rows, eval_rows = prepare_prompts(cfg, tokenizer)
@@ -232,15 +250,15 @@ def run(cfg: Config) -> dict:
     filler: BatchFiller[dict] = BatchFiller(t.train_batch_size, a.max_gen_rounds, a.on_cap, a.carry_over,
                                             enabled=a.dynamic_sampling, max_lag=a.max_policy_lag)  # fmt: skip
     probe_ids = train_rows[0]["prompt_ids"] + tokenizer.encode("Answer: 0", add_special_tokens=False)
-    stack = Stack(cfg, out_dir, probe_ids)
+    stack = Stack(cfg, probe_ids)
     try:
-        return _loop(cfg, stack, cursor, filler, eval_rows, probe_ids, out_dir, t_start)
+        return _loop(cfg, stack, cursor, filler, eval_rows, probe_ids, t_start)
     finally:
         stack.close()
 
 
 def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, eval_rows: list[dict],
-          probe_ids: list[int], out_dir: Path, t_start: float) -> dict:  # fmt: skip
+          probe_ids: list[int], t_start: float) -> dict:  # fmt: skip
     """The RL steps: take a batch -> train -> publish and sync -> evaluate; checkpoints ride along with
     train. The producer samples, scores and filters (the next batch meanwhile, with max_policy_lag >= 1)."""
     t, r = cfg.trainer, cfg.rollout
@@ -255,14 +273,17 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
         log(f"resumed from the checkpoint of step {step} (epoch {cursor.epoch}, prompt {cursor.index})")
     stack.sync(step)
     concurrency = r.max_replicas * 2
-    tracker = Tracker(cfg.tracking.enabled, cfg.tracking.tracking_uri or f"sqlite:///{out_dir / 'mlflow.db'}",
-                      cfg.tracking.experiment, cfg.tracking.run_name or out_dir.name, cfg.flat())  # fmt: skip
+    tracker = Tracker(cfg.tracking.enabled, _tracking_uri(cfg), cfg.tracking.experiment, run_name(cfg),
+                      cfg.flat(), resume=step > 0, config_yaml=cfg.to_yaml(),
+                      system_metrics=cfg.tracking.system_metrics)  # fmt: skip
+    exported = DriverMetrics(cfg.tracking.ray_metrics, run_name(cfg))
     summary: dict = {"start_step": step, "start_cursor": cursor.state_dict(), "curve": [], "steps_log": []}
     if step == 0 and eval_rows:
         ev = evaluate(cfg, eval_rows, stack.app, concurrency)
         summary["eval_before"] = ev
         summary["curve"].append((0.0, ev["eval/avg_at_k"]))
         tracker.log(ev, step=0)
+        exported.record(ev, step=0)
         log(f"held-out before training: avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%}, pass@{cfg.eval.n} {ev['eval/pass_at_k']:.1%}")
 
     sampling = SamplingSpec(r.n, r.temperature, r.top_p, r.max_response_length)
@@ -275,6 +296,14 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
     producer = Producer(cursor, filler, rollout, t.gen_batch_size, overlap=cfg.algorithm.max_policy_lag >= 1)
     t_train = time.time()
     empty_steps = 0
+    pace = Pace(t.total_steps)
+    pace.mark(step)
+    live = {"started": time.time(), "last": "", "held_out": ""}
+    if eval_rows and "eval_before" in summary:
+        live["held_out"] = f"held-out avg@{cfg.eval.n} {summary['eval_before']['eval/avg_at_k']:.1%} at step 0"
+    global _status
+    _status = StatusLine(lambda: f"step {step + 1}/{t.total_steps} running {duration(time.time() - live['started'])}"
+                                 f"  {pace.eta()}  {live['last']}  {live['held_out']}")  # fmt: skip
     try:
         while step < t.total_steps:
             # 1. Take a batch of kept groups (dynamic sampling); the next one may start generating now.
@@ -335,18 +364,27 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
             }
             metrics |= _phases(metrics, step_s=time.time() - t0)
             summary["steps_log"].append({"step": step, "replica_versions": versions, "probe_version": engine_version,
-                                         "draws": b.draws, "metrics": metrics})  # fmt: skip
+                                         "draws": b.draws, "metrics": metrics,
+                                         "sampled_by": [(g.get("replica"), g["policy_version"]) for g in b.generated]})  # fmt: skip
             tracker.log(metrics, step=step)
-            _print_step(step, t.total_steps, metrics, fill)
+            exported.record(metrics, step=step)
+            pace.mark(step)
+            live.update(started=time.time(), last=f"last step: reward {metrics['critic/score/mean']:+.3f} "
+                                                  f"acc {metrics['rollout/acc_all_generated']:.1%}")  # fmt: skip
+            _print_step(step, t.total_steps, metrics, fill, pace.eta(), live["held_out"])
 
             # 4. Evaluate every eval.every steps.
             if eval_rows and cfg.eval.every and step % cfg.eval.every == 0 and step < t.total_steps:
                 ev = evaluate(cfg, eval_rows, stack.app, concurrency)
                 tracker.log(ev, step=step)
+                exported.record(ev, step=step)
                 summary["curve"].append((time.time() - t_train, ev["eval/avg_at_k"]))
+                live["held_out"] = f"held-out avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%} at step {step}"
                 log(f"held-out at step {step}: avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%}")
     finally:
         producer.close()
+        _status.close()
+        _status = None
 
     final = stack.finish()
     summary.update(steps=step, end_cursor=cursor.state_dict(), final_model=final, train_s=time.time() - t_train,
@@ -359,21 +397,50 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
         summary["eval_after"] = ev
         summary["curve"].append((time.time() - t_train, ev["eval/avg_at_k"]))
         tracker.log(ev, step=step)
+        exported.record(ev, step=step)
         log(f"held-out after training: avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%}, pass@{cfg.eval.n} {ev['eval/pass_at_k']:.1%}")
+    if cfg.tracking.log_model and not storage.is_uri(final):
+        tracker.log_artifacts(final, "final_model")
+    if cfg.tracking.enabled and cfg.tracking.report:
+        summary["report"] = _report(cfg, tracker)
     tracker.close()
     summary["wall_s"] = time.time() - t_start
     log(f"final model: {final}  ({summary['wall_s']:.0f}s in all)")
     return summary
 
 
-def _print_step(step: int, total: int, m: dict, fill) -> None:
-    log(f"step {step}/{total}  reward {m['critic/score/mean']:+.3f}  acc {m['rollout/acc_all_generated']:.1%}  "
+def _report(cfg: Config, tracker: Tracker) -> str:
+    """The run's figures and summary (`dapo-ray report`) into output_dir/report and MLflow; returns that
+    directory ("" when output_dir is object storage: then they go to MLflow only)."""
+    import tempfile
+
+    from dapo_ray.report import load_run, write_report
+
+    tracker.flush()
+    run = load_run(_tracking_uri(cfg), run_id=tracker.run.info.run_id)
+    if storage.is_uri(cfg.trainer.output_dir):
+        with tempfile.TemporaryDirectory(prefix="dapo-report-") as tmp:
+            write_report(run, Path(tmp))
+            tracker.log_artifacts(tmp, "report")
+        log("report: stored with the MLflow run")
+        return ""
+    out = Path(cfg.trainer.output_dir) / "report"
+    write_report(run, out)
+    tracker.log_artifacts(str(out), "report")
+    log(f"report: {out / 'summary.md'} (and in the MLflow run)")
+    return str(out)
+
+
+def _print_step(step: int, total: int, m: dict, fill, eta: str, held_out: str) -> None:
+    """One line per step: the console's and the job log's record of the run."""
+    log(f"step {step}/{total}  {eta}  reward {m['critic/score/mean']:+.3f}  acc {m['rollout/acc_all_generated']:.1%}  "
         f"kept {fill.kept_groups}/{fill.generated_groups} groups in {fill.rounds} round(s)"
         f"{f' +{fill.carried_in} carried' if fill.carried_in else ''}  "
         f"entropy {m['actor/entropy']:.3f}  len {m['response_length/mean']:.1f}  "
         f"clip+ {m['actor/clipfrac_high']:.3f} clip- {m['actor/clipfrac_low']:.3f}  "
-        f"sync diff {m['weight_sync/logprob_max_diff']:.1e}  step {m['timing/step_s']:.2f}s = "
-        + " ".join(f"{k.removeprefix('phase/').removesuffix('_s')} {m[k]:.2f}" for k in PHASES))  # fmt: skip
+        f"sync diff {m['weight_sync/logprob_max_diff']:.1e}  replicas {m['weight_sync/replicas']}  step {m['timing/step_s']:.2f}s = "
+        + " ".join(f"{k.removeprefix('phase/').removesuffix('_s')} {m[k]:.2f}" for k in PHASES)
+        + (f"  | {held_out}" if held_out else ""))  # fmt: skip
 
 
 PHASES = ("phase/generate_s", "phase/old_logprob_s", "phase/update_s", "phase/publish_s", "phase/sync_s",
@@ -405,10 +472,33 @@ def _absolute_paths(cfg: Config) -> Config:
     return replace(
         cfg,
         rollout=replace(cfg.rollout, model_path=str(model.resolve())),
-        trainer=replace(cfg.trainer, output_dir=str(Path(cfg.trainer.output_dir).resolve())),
+        trainer=replace(cfg.trainer, output_dir=storage.resolve(cfg.trainer.output_dir)),
         data=replace(cfg.data, train_files=tuple(str(Path(f).resolve()) for f in cfg.data.train_files)),
         eval=replace(cfg.eval, files=tuple(str(Path(f).resolve()) for f in cfg.eval.files)),
     )
+
+
+def _run_config(name: str, location: str):
+    """Ray Train's checkpoints under `location` (a path, or object storage through pyarrow.fs)."""
+    from ray.train import RunConfig
+
+    if not storage.is_uri(location):
+        return RunConfig(name=name, storage_path=location)
+    fs, path = storage.filesystem(location)
+    return RunConfig(name=name, storage_path=path, storage_filesystem=fs)
+
+
+def _tracking_uri(cfg: Config) -> str:
+    """tracking.tracking_uri, else a SQLite store beside the run: in trainer.output_dir when it is a
+    directory, else under ./runs/<name>/ on the driver's machine (object storage holds no database)."""
+    if cfg.tracking.tracking_uri:
+        return cfg.tracking.tracking_uri
+    out = cfg.trainer.output_dir
+    db_dir = Path("runs", storage.name(out)).resolve() if storage.is_uri(out) else Path(out)
+    db_dir.mkdir(parents=True, exist_ok=True)
+    if storage.is_uri(out):
+        log(f"MLflow: {db_dir / 'mlflow.db'} on the driver's machine (set tracking.tracking_uri for a server)")
+    return f"sqlite:///{db_dir / 'mlflow.db'}"
 
 
 def _fit(trainer, errors: list) -> None:

@@ -6,6 +6,8 @@ test checks that every logged key is in it.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 METRICS: dict[str, str] = {
     # rollout and reward
     "critic/score/mean": "mean shaped reward (correctness +1/-1 plus soft overlong penalty) of the batch's responses",
@@ -17,6 +19,7 @@ METRICS: dict[str, str] = {
     "response_length/clip_ratio": "share of batch responses truncated at max_response_length",
     "rollout/policy_version_lag": "mean (current version - version that generated the response), batch responses",
     "rollout/policy_version_lag_max": "largest such lag in the batch (bounded by algorithm.max_policy_lag)",
+    "rollout/replicas_sampling": "rollout replicas that generated this step's groups (grows and shrinks with autoscaling)",
     # dynamic sampling
     "dynamic_sampling/rounds": "generation rounds this step",
     "dynamic_sampling/generated_groups": "prompts (groups) generated this step",
@@ -42,6 +45,7 @@ METRICS: dict[str, str] = {
     "actor/pg_clipfrac": "share of tokens whose gradient either clip bound removed (verl's definition)",
     "actor/clipfrac_high": "share of tokens clipped by the upper bound 1 + eps_high (A > 0; Clip-Higher)",
     "actor/clipfrac_low": "share of tokens clipped by the lower bound 1 - eps_low (A < 0)",
+    "actor/up_clipped_prob": "mean old-policy probability of the tokens clipped at the upper bound (paper Fig. 3a); absent when none was",
     "actor/pg_clipfrac_lower": "share of tokens bounded by the dual clip clip_ratio_c (A < 0; verl's definition)",
     "actor/kl_loss": "mean per-token KL estimate to the reference policy (algorithm.kl_estimator; only when kl_coef > 0)",
     "actor/ppo_kl": "mean old_logp - logp over updates (k1 estimate)",
@@ -77,6 +81,7 @@ METRICS: dict[str, str] = {
     # evaluation
     "eval/avg_at_k": "mean accuracy over k samples per held-out problem",
     "eval/pass_at_k": "share of held-out problems with at least one correct sample",
+    "eval/maj_at_k": "share of held-out problems whose most frequent extracted answer is correct (a tie of m answers, j right, counts j/m)",
 }
 
 
@@ -85,11 +90,23 @@ def check_known(keys) -> list[str]:
     return [k for k in keys if k not in METRICS]
 
 
+def _artifact_root(tracking_uri: str) -> str | None:
+    """Where a new experiment keeps its artifacts: beside a SQLite store (MLflow's own default, ./mlruns,
+    would land in whatever the process's working directory is: a job's uploaded checkout, for one);
+    a tracking server decides for itself (None)."""
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    return (Path(tracking_uri.removeprefix("sqlite:///")).resolve().parent / "mlartifacts").as_uri()
+
+
 class Tracker:
     """MLflow logging of params and registered metrics; a no-op when disabled. Metrics are written by a
     background thread, off the RL step's critical path; `close()` waits for them."""
 
-    def __init__(self, enabled: bool, tracking_uri: str, experiment: str, run_name: str, params: dict):
+    def __init__(self, enabled: bool, tracking_uri: str, experiment: str, run_name: str, params: dict,
+                 resume: bool = False, config_yaml: str = "", system_metrics: bool = False):  # fmt: skip
+        """Start an MLflow run (or, with `resume`, continue the latest run named `run_name`, so a resumed
+        training run keeps one curve) with `params` and the resolved config as `config.yaml`."""
         self.enabled = enabled
         if not enabled:
             return
@@ -99,12 +116,26 @@ class Tracker:
 
         self.mlflow = mlflow
         mlflow.set_tracking_uri(tracking_uri)
-        mlflow.set_experiment(experiment)
-        self.run = mlflow.start_run(run_name=run_name)
-        mlflow.log_params({k: str(v)[:250] for k, v in params.items()})
+        if mlflow.get_experiment_by_name(experiment) is None:
+            mlflow.create_experiment(experiment, artifact_location=_artifact_root(tracking_uri))
+        exp = mlflow.set_experiment(experiment)
         self.client = mlflow.MlflowClient(tracking_uri)
+        previous = self.client.search_runs([exp.experiment_id], f"attributes.run_name = '{run_name}'",
+                                           order_by=["attributes.start_time DESC"], max_results=1) if resume else []  # fmt: skip
+        if previous:
+            self.run = mlflow.start_run(run_id=previous[0].info.run_id, log_system_metrics=system_metrics)
+        else:
+            self.run = mlflow.start_run(run_name=run_name, log_system_metrics=system_metrics)
+            mlflow.log_params({k: str(v)[:250] for k, v in params.items()})
+        if config_yaml:
+            mlflow.log_text(config_yaml, "config.yaml")
         self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlflow-writer")
         self.pending: list = []
+
+    def log_artifacts(self, local_dir: str, artifact_path: str) -> None:
+        """Store a directory (the final model, the report) with the run."""
+        if self.enabled:
+            self.mlflow.log_artifacts(local_dir, artifact_path)
 
     def log(self, metrics: dict, step: int) -> None:
         if not self.enabled:
@@ -118,9 +149,15 @@ class Tracker:
         self.pending = [f for f in self.pending if not f.done() or f.exception() is not None]
         self.pending.append(self.writer.submit(self.client.log_batch, self.run.info.run_id, metrics=batch))
 
-    def close(self) -> None:
+    def flush(self) -> None:
+        """Wait until every metric logged so far is written."""
         if self.enabled:
-            self.writer.shutdown(wait=True)
             for f in self.pending:
                 f.result()  # surface a failed write
+            self.pending = []
+
+    def close(self) -> None:
+        if self.enabled:
+            self.flush()
+            self.writer.shutdown(wait=True)
             self.mlflow.end_run()

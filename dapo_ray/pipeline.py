@@ -3,7 +3,7 @@
 One row per prompt (a group of G responses) from start to end:
 
     generate_batch  needs: prompt_ids
-                    adds:  texts, response_ids, rollout_logprobs, finish_reasons, policy_version
+                    adds:  texts, response_ids, rollout_logprobs, finish_reasons, policy_version, replica
     score_group     needs: ground_truth, texts, response_ids, finish_reasons
                     adds:  scores, acc, truncated, loss_weights, advantages, keep
 
@@ -39,7 +39,7 @@ def generate_batch(batch: pa.Table, app_name: str, spec: SamplingSpec) -> pa.Tab
     if app_name not in _handles:
         _handles[app_name] = serve.get_deployment_handle("rollout", app_name=app_name)
     rows = batch.to_pylist()
-    version, outs = _call_replica(
+    version, replica, outs = _call_replica(
         _handles[app_name], [r["prompt_ids"] for r in rows], spec.n, spec.temperature, spec.top_p, spec.max_tokens
     )
     for row, group in zip(rows, outs, strict=True):
@@ -48,6 +48,7 @@ def generate_batch(batch: pa.Table, app_name: str, spec: SamplingSpec) -> pa.Tab
         row["rollout_logprobs"] = [c["logprobs"] for c in group]
         row["finish_reasons"] = [c["finish_reason"] for c in group]
         row["policy_version"] = version
+        row["replica"] = replica
     return pa.Table.from_pylist(rows)
 
 
@@ -112,14 +113,17 @@ def generate_round(prompts: list[dict], app_name: str, sampling: SamplingSpec, s
     """One generation round through Ray Data: returns one scored row per prompt."""
     import ray
 
-    ds = ray.data.from_items(prompts)
+    calls = -(-len(prompts) // prompts_per_call)
+    pool = ray.data.TaskPoolStrategy(size=max(1, max_concurrency))
+    ds = ray.data.from_items(prompts, override_num_blocks=calls)  # one block per call: no re-batching
     ds = ds.map_batches(
         generate_batch,
         fn_kwargs={"app_name": app_name, "spec": sampling},
         batch_size=prompts_per_call,
         batch_format="pyarrow",
         num_cpus=0,  # it only waits on the deployment
-        compute=ray.data.TaskPoolStrategy(size=max(1, max_concurrency)),
+        compute=pool,
     )
-    ds = ds.map(score_group, fn_kwargs={"spec": scoring})
+    # The same resources and pool, so Ray Data fuses both stages into one task per call.
+    ds = ds.map(score_group, fn_kwargs={"spec": scoring}, num_cpus=0, compute=pool)
     return ds.take_all()

@@ -44,3 +44,44 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+"""Credentials of the local S3 server (any value works); set in the environment by `s3_prefix`."""
+
+
+@pytest.fixture
+def s3_prefix(monkeypatch):
+    """A fresh `s3://` prefix on a local S3 server (moto's, in-process, on a free port), with the endpoint
+    and options in the URI's query as pyarrow reads them; every local Ray node reaches it."""
+    import socket
+    import uuid
+
+    from moto.server import ThreadedMotoServer
+
+    for k, v in S3_ENV.items():
+        monkeypatch.setenv(k, v)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        query = f"endpoint_override=http://127.0.0.1:{port}&scheme=http&region=us-east-1&allow_bucket_creation=true"
+        yield f"s3://dapo-runs/{uuid.uuid4().hex[:8]}?{query}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def scrape():
+    """`scrape(url)`: (name, labels, value) of every sample a Prometheus endpoint serves."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def read(url: str) -> list[tuple[str, dict[str, str], float]]:
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        return [(s.name, s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples]
+
+    return read

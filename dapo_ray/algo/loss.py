@@ -130,7 +130,7 @@ def dapo_policy_loss(
     * `clipfrac_low`: the share removed by the lower bound 1 - eps_low (A < 0);
     * `pg_clipfrac_lower` (verl's): share bounded by the dual clip (A < 0, ratio > c);
     * `up_clipped_prob`: mean old-policy probability of the up-clipped tokens (paper Fig. 3a);
-      NaN when none was clipped;
+      NaN when none was clipped; `up_clipped_tokens`: how many there were;
     * `ppo_kl`: mean of (old_logp - logp), verl's k1 estimate of KL(pi_old || pi_theta);
     * `ratio_mean`; `kl_loss`: mean per-token KL estimate (when kl_coef > 0).
     """
@@ -178,6 +178,7 @@ def dapo_policy_loss(
             "clipfrac_low": mean(lower_BT),
             "pg_clipfrac_lower": mean(dual_BT & m),
             "up_clipped_prob": float(up_probs.mean()) if up_probs.numel() else float("nan"),
+            "up_clipped_tokens": float(up_probs.numel()),
             "ppo_kl": mean(-log_ratio_BT),
             "ratio_mean": mean(ratio_BT),
         }

@@ -22,6 +22,7 @@ import ray
 from ray import serve
 
 from dapo_ray.config import RolloutConfig
+from dapo_ray.ray_metrics import ReplicaMetrics
 from dapo_ray.rollout.engine import Completion, Engine, engine_env
 from dapo_ray.weights import get_store
 
@@ -33,7 +34,8 @@ APP_NAME = "dapo-rollout"
 class RolloutServer:
     """One vLLM engine; calls are serialised on a lock (vLLM batches the prompts of each call itself)."""
 
-    async def __init__(self, rollout: dict, max_model_len: int, store_name: str, seed: int) -> None:
+    async def __init__(self, rollout: dict, max_model_len: int, store_name: str, seed: int, run: str,
+                       export_metrics: bool) -> None:  # fmt: skip
         cfg = RolloutConfig(**rollout)
         self.engine = Engine(
             cfg.model_path,
@@ -47,6 +49,7 @@ class RolloutServer:
         )
         self.store = get_store(store_name)
         self.replica_id = f"replica-{uuid.uuid4().hex[:8]}"
+        self.metrics = ReplicaMetrics(export_metrics, run, self.replica_id)
         self.lock = asyncio.Lock()
         self.in_flight = 0  # generate calls received and not yet answered
         await self._load(await self.store.latest.remote())  # the current policy before the first request
@@ -59,7 +62,9 @@ class RolloutServer:
         if version > self.engine.version and ref_box[0] is not None:
             async with self.lock:
                 if version > self.engine.version:
+                    t0 = time.perf_counter()
                     await asyncio.to_thread(self.engine.load_weights, ref_box, version)
+                    self.metrics.loaded(version, time.perf_counter() - t0)
         await self.store.ack.remote(self.replica_id, self.engine.version)
         return self.engine.version
 
@@ -74,17 +79,21 @@ class RolloutServer:
 
     async def generate(
         self, prompt_ids: list[list[int]], n: int, temperature: float, top_p: float, max_tokens: int
-    ) -> tuple[int, list[list[Completion]]]:
-        """(policy version, n completions per prompt); the version is checked against the store first."""
+    ) -> tuple[int, str, list[list[Completion]]]:
+        """(policy version, this replica's id, n completions per prompt); the version is checked against
+        the store first."""
         self.in_flight += 1
         try:
             await self._load(await self.store.latest.remote())
             async with self.lock:
                 version = self.engine.version
+                t0 = time.perf_counter()
                 out = await asyncio.to_thread(
                     self.engine.generate, prompt_ids, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens
                 )
-            return version, out
+            tokens = sum(len(c["response_ids"]) for completions in out for c in completions)
+            self.metrics.generated(len(prompt_ids), tokens, time.perf_counter() - t0)
+            return version, self.replica_id, out
         finally:
             self.in_flight -= 1
 
@@ -98,36 +107,59 @@ class RolloutServer:
         async with self.lock:
             return self.engine.version, await asyncio.to_thread(self.engine.sequence_logprobs, token_ids)
 
-def deploy_rollout(cfg: RolloutConfig, max_model_len: int, store_name: str, seed: int) -> serve.handle.DeploymentHandle:
-    """Start (or update) the Serve application; fixed size, or autoscaled when max_replicas > min_replicas."""
+def deploy_rollout(cfg: RolloutConfig, max_model_len: int, store_name: str, seed: int, run: str = "",
+                   export_metrics: bool = False) -> serve.handle.DeploymentHandle:  # fmt: skip
+    """Start (or update) the Serve application; fixed size, or autoscaled when max_replicas > min_replicas.
+    With `export_metrics`, each replica exports its Ray metrics (`dapo_ray.ray_metrics`) tagged `run`."""
     if cfg.max_replicas > cfg.min_replicas:
         scaling = {"autoscaling_config": {
             "min_replicas": cfg.min_replicas, "max_replicas": cfg.max_replicas, "initial_replicas": cfg.num_replicas,
             "target_ongoing_requests": cfg.target_ongoing_requests, "upscale_delay_s": cfg.upscale_delay_s,
-            "downscale_delay_s": cfg.downscale_delay_s,
+            "downscale_delay_s": cfg.downscale_delay_s, "look_back_period_s": cfg.look_back_period_s,
         }}  # fmt: skip
     else:
         scaling = {"num_replicas": cfg.num_replicas}
-    actor_options: dict = {"num_cpus": cfg.cpus_per_replica}
-    if cfg.tensor_parallel_size > 1:
-        actor_options = {"num_cpus": 0, "num_gpus": 0}  # the engine places its own workers
-    else:
-        try:
-            import torch
-
-            if torch.cuda.is_available():
-                actor_options["num_gpus"] = 1
-        except ImportError:
-            pass
-    if cfg.resources:  # land on the node group that declares these custom resources
-        actor_options["resources"] = dict(cfg.resources)
-    actor_options["runtime_env"] = {"env_vars": engine_env(cfg.cpu_kvcache_space_gib)}
+    options = replica_options(cfg, cuda=_cuda_available())
+    options["ray_actor_options"]["runtime_env"] = {"env_vars": engine_env(cfg.cpu_kvcache_space_gib)}
     # Requests come through deployment handles (Ray Data, the driver), so no HTTP proxy is needed.
     serve.start(proxy_location="Disabled", logging_config={"log_level": "WARNING"})
-    app = RolloutServer.options(ray_actor_options=actor_options, **scaling).bind(
-        dataclasses.asdict(cfg), max_model_len, store_name, seed
+    app = RolloutServer.options(**options, **scaling).bind(
+        dataclasses.asdict(cfg), max_model_len, store_name, seed, run, export_metrics
     )
     return serve.run(app, name=APP_NAME, route_prefix=None)
+
+
+def replica_options(cfg: RolloutConfig, cuda: bool) -> dict:
+    """Where a replica runs. With tensor parallelism, a placement group per replica (STRICT_PACK: one
+    node) of `tensor_parallel_size` one-device bundles, the first also holding the replica actor and the
+    custom resources of `rollout.resources`; vLLM's workers take the bundles, so a replica's devices are
+    reserved together on a node of the rollout group, never on the head or a trainer node. Without it,
+    the actor itself holds the device and the custom resources."""
+    device = "GPU" if cuda else "CPU"
+    resources = dict(cfg.resources)
+    if cfg.tensor_parallel_size > 1:
+        # vLLM allows one device per bundle: on CPU the first bundle's one CPU goes to vLLM's worker.
+        first = {"CPU": 1.0, **resources} if device == "CPU" else {"CPU": 1.0, "GPU": 1.0, **resources}
+        actor_cpus = 0 if device == "CPU" else 1
+        return {
+            "ray_actor_options": {"num_cpus": actor_cpus, "num_gpus": 0, **({"resources": resources} if resources else {})},
+            "placement_group_bundles": [first] + [{device: 1.0} for _ in range(cfg.tensor_parallel_size - 1)],
+            "placement_group_strategy": "STRICT_PACK",
+        }
+    actor: dict = {"num_cpus": cfg.cpus_per_replica}
+    if cuda:
+        actor["num_gpus"] = 1
+    if resources:
+        actor["resources"] = resources
+    return {"ray_actor_options": actor}
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
 
 
 def wait_synced(store, version: int, timeout_s: float = 120.0) -> dict[str, int]:

@@ -21,6 +21,7 @@ import torch
 
 from dapo_ray.algo import behaviour_logprobs, dapo_policy_loss
 from dapo_ray.config import Config
+from dapo_ray.ray_metrics import TrainerMetrics, run_name
 from dapo_ray.trainer.batch import pad_micro
 
 # Loss statistics averaged over tokens (weighted by each micro-batch's token count).
@@ -90,8 +91,9 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
     lr = t.lr * min(1.0, (version + 1) / t.warmup_steps) if t.warmup_steps else t.lr
     for group in engine.optimizer.param_groups:
         group["lr"] = lr
-    # tokens, entropy sum, |recomputed - engine| sum over fresh tokens, fresh tokens, SUM_KEYS sums
-    totals = torch.zeros(4 + len(SUM_KEYS), dtype=torch.float64)
+    # tokens, entropy sum, |recomputed - engine| sum over fresh tokens, fresh tokens, up-clipped tokens and
+    # the sum of their old probabilities, SUM_KEYS sums
+    totals = torch.zeros(6 + len(SUM_KEYS), dtype=torch.float64)
 
     # 1. Behaviour log-probs (and reference log-probs for the KL term), before any update.
     engine.eval()
@@ -138,10 +140,14 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
                 stage0_norm = _grad_norm(engine) if t.zero_stage == 0 and engine.is_gradient_accumulation_boundary() else None
                 engine.step()
                 n = stats["n_tokens"] / t.ppo_epochs  # statistics: the mean over epochs
+                if stats["up_clipped_tokens"]:
+                    totals[4] += stats["up_clipped_tokens"] / t.ppo_epochs
+                    totals[5] += stats["up_clipped_prob"] * stats["up_clipped_tokens"] / t.ppo_epochs
                 for i, k in enumerate(SUM_KEYS):
-                    totals[4 + i] += stats.get(k, 0.0) * n
+                    totals[6 + i] += stats.get(k, 0.0) * n
             grad_norms.append(stage0_norm if stage0_norm is not None else float(engine.get_global_grad_norm() or 0.0))
     t_update = time.time() - t0 - t_old
+    local_tokens = float(totals[0]) * t.ppo_epochs
     dist.all_reduce(totals)
 
     tok = max(float(totals[0]), 1.0)
@@ -149,15 +155,18 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
         "actor/entropy": float(totals[1]) / tok,
         "actor/rollout_logprob_diff": float(totals[2]) / max(float(totals[3]), 1.0),
         "actor/off_policy_token_frac": 1.0 - float(totals[3]) / tok,
-        **{f"actor/{k}": float(totals[4 + i]) / tok for i, k in enumerate(SUM_KEYS)},
+        **{f"actor/{k}": float(totals[6 + i]) / tok for i, k in enumerate(SUM_KEYS)},
         "actor/grad_norm": sum(grad_norms) / len(grad_norms),
         "actor/lr": lr,
         "actor/updates": engine.global_steps - steps_before,
         "timing/old_logprob_s": t_old,
         "timing/update_s": t_update,
+        "local/tokens": local_tokens,  # this rank's, for its own Ray metrics; not sent to the driver
     }
     if ref is None:
         del metrics["actor/kl_loss"]
+    if totals[4] > 0:  # undefined when no token was clipped at the upper bound
+        metrics["actor/up_clipped_prob"] = float(totals[5] / totals[4])
     return metrics
 
 
@@ -200,17 +209,23 @@ def _report(engine, metrics: dict, save_state: dict, step: int, rank: int) -> No
     shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _save_final(engine, cfg: Config, final: Path, rank: int) -> None:
-    """The trained model as a HF directory (gathered layer by layer under ZeRO-3) with the tokenizer."""
+def _save_final(engine, cfg: Config, final: str, rank: int) -> None:
+    """The trained model as a HF directory (gathered layer by layer under ZeRO-3) with the tokenizer, at
+    `final`: a directory, or object storage (written here, then uploaded)."""
+    from dapo_ray import storage
     from dapo_ray.trainer.zero import full_state_dict_cpu
 
     state = full_state_dict_cpu(engine.module.lm, cfg.trainer.zero_stage, rank)
     if rank != 0:
         return
-    engine.module.lm.save_pretrained(final, state_dict=state, safe_serialization=True)
+    local = Path(tempfile.mkdtemp(prefix="dapo-final-")) if storage.is_uri(final) else Path(final)
+    engine.module.lm.save_pretrained(local, state_dict=state, safe_serialization=True)
     for f in os.listdir(cfg.rollout.model_path):
         if f.startswith("tokenizer") or f in ("special_tokens_map.json", "chat_template.jinja", "generation_config.json"):
-            shutil.copy(Path(cfg.rollout.model_path) / f, final / f)
+            shutil.copy(Path(cfg.rollout.model_path) / f, local / f)
+    if storage.is_uri(final):
+        storage.upload_dir(local, final)
+        shutil.rmtree(local, ignore_errors=True)
 
 
 def train_loop(params: dict) -> None:
@@ -228,6 +243,7 @@ def train_loop(params: dict) -> None:
     store = ray.get_actor(params["store"], namespace=params["namespace"])
     torch.manual_seed(t.seed)
     engine, ref = build_engines(cfg, world)
+    exported = TrainerMetrics(cfg.tracking.ray_metrics, run_name(cfg), rank)
 
     step, driver_state = 0, None
     ckpt = ray.train.get_checkpoint()
@@ -251,6 +267,7 @@ def train_loop(params: dict) -> None:
             continue
         metrics = train_step(engine, ref, item["minis"], step, cfg, world)
         step += 1
+        exported.trained(step, metrics.pop("local/tokens"), metrics["timing/old_logprob_s"], metrics["timing/update_s"])
         t1 = time.time()
         sync_s, sync_bytes = publish_weights(engine, step, store, t.zero_stage, rank)
         metrics |= {"step": step, "timing/weight_sync_s": time.time() - t1 if rank == 0 else 0.0,
@@ -268,6 +285,6 @@ def train_loop(params: dict) -> None:
             ray.get(channel.put_result.remote({"kind": "step", **metrics}))
 
     if params.get("final_dir"):
-        _save_final(engine, cfg, Path(params["final_dir"]), rank)
+        _save_final(engine, cfg, params["final_dir"], rank)
         if rank == 0:
             ray.get(channel.put_result.remote({"kind": "final", "path": params["final_dir"]}))

@@ -73,6 +73,9 @@ def test_bad_types_and_cross_field_checks():
         load_config()
     with pytest.raises(ConfigError, match="section.key=value"):
         load_config(overrides=["trainer.lr"])
+    with pytest.raises(ConfigError, match=r"carry_over needs algorithm\.max_policy_lag >= 2"):
+        load_config(overrides=["data.source=synthetic", "algorithm.carry_over=true", "algorithm.max_policy_lag=1"])
+    load_config(overrides=["data.source=synthetic", "algorithm.carry_over=true", "algorithm.max_policy_lag=2"])
 
 
 def test_ablation_ladder_rungs_load():

@@ -1,5 +1,6 @@
-"""Serve autoscaling of the rollout replicas under generation load: 1 -> 2 replicas while calls pile up,
-the added replica serving the latest published policy before its first sample, and back to 1."""
+"""Serve autoscaling of the rollout fleet during a training run: load makes Serve go from 1 to 2 replicas,
+the added replica samples from the current policy from its first call on, the fleet shrinks back to 1
+when the load drops, and the run's prompt ledger balances throughout."""
 
 import threading
 import time
@@ -7,76 +8,104 @@ import time
 import pytest
 import ray
 from ray import serve
-from safetensors.torch import load_file
+from test_end_to_end import COMMON, TINY_CFG, assert_ledger_balances
 
-from dapo_ray import weights
-from dapo_ray.config import RolloutConfig
-from dapo_ray.rollout.deployment import APP_NAME, _live_replicas, deploy_rollout
+from dapo_ray.config import load_config
+from dapo_ray.driver import run
+from dapo_ray.rollout.deployment import APP_NAME, _live_replicas
 
 pytestmark = pytest.mark.integration
 
+# Serve reacts within seconds here (on a cluster the defaults are 30 s up, 120 s down, 30 s look-back).
+# The run alone keeps at most max_replicas x 2 = 4 calls in flight: one replica at 4 per replica.
+AUTOSCALING = ["rollout.num_replicas=1", "rollout.min_replicas=1", "rollout.max_replicas=2",
+               "rollout.target_ongoing_requests=4", "rollout.upscale_delay_s=1", "rollout.downscale_delay_s=3",
+               "rollout.look_back_period_s=2"]  # fmt: skip
+EXTRA_CALLS = 8  # another user's calls in flight on the same deployment: 12 / 4 per replica -> 2 replicas
 
-@ray.remote(num_cpus=0)
-class Publisher:
-    """Holds a published version, as trainer rank 0 does."""
 
-    def publish(self, store, version: int, state: dict) -> int:
-        return weights.publish(store, version, state)
-
-
-def _wait(predicate, timeout_s: float, what: str) -> None:
+def _wait(predicate, timeout_s: float, what: str, done: threading.Event) -> None:
     deadline = time.time() + timeout_s
     while not predicate():
+        if done.is_set():
+            raise AssertionError(f"the run ended before {what}")
         if time.time() > deadline:
-            raise TimeoutError(what)
+            raise TimeoutError(f"timed out waiting until {what}")
         time.sleep(0.5)
 
 
-def test_replicas_scale_up_under_load_on_the_latest_policy_and_back_down(tiny_model_dir, ray_cluster):
-    store = weights.create_store("weights-autoscaling")
-    cfg = RolloutConfig(model_path=str(tiny_model_dir), n=8, max_response_length=24, num_replicas=1, min_replicas=1,
-                        max_replicas=2, target_ongoing_requests=1, upscale_delay_s=1, downscale_delay_s=2,
-                        enforce_eager=True, dtype="float32")  # fmt: skip
+def _published_version(store_name: str) -> int:
     try:
-        handle = deploy_rollout(cfg, max_model_len=128, store_name="weights-autoscaling", seed=1)
-        assert _live_replicas() == 1
-        # A new policy version, as a trainer step would publish it.
-        original = load_file(str(tiny_model_dir / "model.safetensors"))
-        state = {k: v * 1.01 if v.is_floating_point() else v for k, v in original.items()}
-        publisher = Publisher.remote()
-        ray.get(publisher.publish.remote(store, 1, state))
-        _wait(lambda: handle.stats.remote().result()["version"] == 1, 60, "the replica did not load version 1")
+        store = ray.get_actor(store_name, namespace="dapo-ray")
+    except ValueError:
+        return -1
+    return ray.get(store.latest.remote())[0]
 
-        versions, stop = [], threading.Event()
 
-        def load() -> None:  # keep 6 calls in flight: 6 ongoing requests against a target of 1 per replica
-            while not stop.is_set():
-                v, _ = handle.generate.remote([[5, 6, 7, 8]] * 16, 8, 1.0, 1.0, 24).result()
-                versions.append(v)
+def test_the_rollout_fleet_follows_the_load_during_training(tiny_model_dir, ray_cluster, tmp_path):
+    out = tmp_path / "autoscaled"
+    cfg = load_config(TINY_CFG, COMMON + AUTOSCALING + [
+        f"rollout.model_path={tiny_model_dir}", "trainer.total_steps=60", "algorithm.max_policy_lag=0",
+        f"trainer.output_dir={out}"])  # fmt: skip
+    result: dict = {}
+    done = threading.Event()
 
-        workers = [threading.Thread(target=load) for _ in range(6)]
-        for w in workers:
-            w.start()
+    def train() -> None:
         try:
-            _wait(lambda: _live_replicas() == 2, 180, "Serve did not add a replica under load")
-            seen: dict[str, dict] = {}
-
-            def both_answered() -> bool:
-                s = handle.stats.remote().result()
-                seen[s["actor"]] = s
-                return len(seen) == 2
-
-            _wait(both_answered, 60, "the added replica did not answer")
-            time.sleep(3.0)  # the added replica takes calls
+            result["summary"] = run(cfg)
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            result["error"] = e
         finally:
-            stop.set()
-            for w in workers:
-                w.join(timeout=120)
-        # Every sample, the added replica's included, came from the published version.
-        assert versions and set(versions) == {1}
-        assert {s["version"] for s in seen.values()} == {1}
-        assert set(ray.get(store.replica_versions.remote()).values()) == {1}
-        _wait(lambda: _live_replicas() == 1, 180, "Serve did not remove the idle replica")
+            done.set()
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    stop_load = threading.Event()
+    extra: list[threading.Thread] = []
+    fleet: list[tuple[int, int]] = []  # (published version, live replicas), as the test saw it
+    try:
+        _wait(lambda: _published_version(f"weights-{out.name}") >= 2, 300, "training is under way", done)
+        assert _live_replicas() == 1
+        handle = serve.get_deployment_handle("rollout", app_name=APP_NAME)
+
+        def load() -> None:
+            while not stop_load.is_set():
+                handle.generate.remote([[5, 6, 7, 8]] * 16, 8, 1.0, 1.0, 24).result()
+
+        extra = [threading.Thread(target=load) for _ in range(EXTRA_CALLS)]
+        for w in extra:
+            w.start()
+        _wait(lambda: _live_replicas() == 2, 180, "Serve added a replica under load", done)
+        fleet.append((_published_version(f"weights-{out.name}"), 2))
+        # Keep the load until the run has synced a few versions with both replicas.
+        v = fleet[-1][0]
+        _wait(lambda: _published_version(f"weights-{out.name}") >= v + 4, 180, "the run trained on", done)
+        stop_load.set()
+        for w in extra:
+            w.join(timeout=120)
+        _wait(lambda: _live_replicas() == 1, 180, "Serve removed the idle replica", done)
+        fleet.append((_published_version(f"weights-{out.name}"), 1))
     finally:
-        serve.delete(APP_NAME)
-        ray.kill(store)
+        stop_load.set()
+        trainer.join(timeout=900)
+    assert "error" not in result, result.get("error")
+    summary = result["summary"]
+    assert summary["steps"] == 60, "the run must outlast the scale-down"
+
+    log = summary["steps_log"]
+    replicas = [e["metrics"]["weight_sync/replicas"] for e in log]
+    # The run saw the fleet grow and shrink: 1 ... 2 ... 1, every replica synced at every step.
+    first_two = replicas.index(2)
+    assert replicas[0] == 1 and 1 in replicas[first_two:], replicas
+    for e in log:
+        assert set(e["replica_versions"].values()) == {e["step"]}
+    # Strictly on-policy (max_policy_lag 0): every group, the added replica's first included, was sampled
+    # by the version the step trained from.
+    samplers: set[str] = set()
+    for e in log:
+        assert e["sampled_by"] and {v for _, v in e["sampled_by"]} == {e["step"] - 1}
+        samplers |= {r for r, _ in e["sampled_by"]}
+        assert e["metrics"]["rollout/policy_version_lag_max"] == 0
+    assert len(samplers) == 2, "the added replica never sampled for the run"
+    assert max(e["metrics"]["rollout/replicas_sampling"] for e in log) == 2
+    assert_ledger_balances(summary)

@@ -62,7 +62,7 @@ def test_three_steps_on_the_real_stack(tiny_model_dir, ray_cluster, tmp_path):
         # Dynamic-sampling counts are consistent.
         g, k, b = m["dynamic_sampling/generated_groups"], m["dynamic_sampling/kept_groups"], m["dynamic_sampling/batch_groups"]
         assert k <= g and b <= cfg.trainer.train_batch_size
-        assert m["dynamic_sampling/carried_out"] == m["dynamic_sampling/carried_in"] + k - b
+        assert m["dynamic_sampling/carried_out"] == m["dynamic_sampling/carried_in"] + k - b - m["dynamic_sampling/surplus_dropped"]
         assert m["actor/updates"] >= 1 and m["weight_sync/bytes"] > 0
         # max_policy_lag 1 (the demo config's): the batch was generated while the previous step trained.
         assert m["rollout/policy_version_lag_max"] <= 1
@@ -104,6 +104,24 @@ def test_resume_continues_from_the_checkpoint(tiny_model_dir, ray_cluster, tmp_p
     assert second["totals"]["generated_groups"] > 0
     assert [e["step"] for e in second["steps_log"]] == [3]
     assert "eval_before" not in second  # a resumed run does not re-evaluate step 0
+    _check_mlflow_run(out, steps=[1, 2, 3])
+
+
+def _check_mlflow_run(out: Path, steps: list[int]) -> None:
+    """The run read back through the MLflow client: one run across the resume, with every step's metrics,
+    the resolved config (loadable) and the final model as artifacts."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+    assert [r.info.run_name for r in runs] == [out.name]
+    run_id = runs[0].info.run_id
+    assert [m.step for m in client.get_metric_history(run_id, "timing/step_s")] == steps
+    assert runs[0].data.params["algorithm.eps_high"] == "0.28"
+    config = Path(client.download_artifacts(run_id, "config.yaml", str(out / "artifacts")))
+    assert load_config(config).trainer.total_steps == 3
+    final = Path(client.download_artifacts(run_id, "final_model", str(out / "artifacts")))
+    assert (final / "model.safetensors").is_file() and (final / "tokenizer.json").is_file()
 
 
 def test_stop_at_the_cap_saves_a_checkpoint_and_resumes_with_the_kept_groups(tiny_model_dir, ray_cluster, tmp_path):
@@ -112,7 +130,7 @@ def test_stop_at_the_cap_saves_a_checkpoint_and_resumes_with_the_kept_groups(tin
     out = tmp_path / "capped"
     base = COMMON + [f"rollout.model_path={tiny_model_dir}", f"trainer.output_dir={out}", "trainer.total_steps=1",
                      "trainer.train_batch_size=16", "trainer.gen_batch_size=8", "trainer.mini_batch_size=64",
-                     "algorithm.carry_over=true"]  # fmt: skip
+                     "algorithm.carry_over=true", "algorithm.max_policy_lag=2"]  # fmt: skip
     # One round of 8 prompts cannot keep 16 groups: the cap stops the run at step 0.
     first = run(load_config(TINY_CFG, base + ["algorithm.max_gen_rounds=1", "algorithm.on_cap=stop"]))
     assert first["steps"] == 0 and first["stopped"]["step"] == 0

@@ -1,0 +1,76 @@
+"""Progress at the console: an ETA from the recent pace of steps, and on a terminal a live status line that
+keeps moving between the per-step log lines. In a log file (CI, `ray job logs`) nothing is redrawn: the
+step lines, which carry the ETA, are the whole record."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import deque
+
+
+def duration(seconds: float) -> str:
+    """45s, 9m32s, 2h05m."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+class Pace:
+    """ETA of a run of `total` steps from the wall time of its last `window` steps (evaluation and
+    checkpoints included, as they recur)."""
+
+    def __init__(self, total: int, window: int = 10):
+        self.total = total
+        self.marks: deque[tuple[int, float]] = deque(maxlen=window + 1)
+
+    def mark(self, step: int, now: float | None = None) -> None:
+        """Step `step` has just finished (or, the first mark, the run starts there)."""
+        self.marks.append((step, time.time() if now is None else now))
+
+    def eta_s(self) -> float | None:
+        if len(self.marks) < 2:
+            return None
+        (s0, t0), (s1, t1) = self.marks[0], self.marks[-1]
+        return (t1 - t0) / (s1 - s0) * max(0, self.total - s1) if s1 > s0 else None
+
+    def eta(self) -> str:
+        eta = self.eta_s()
+        return "ETA --" if eta is None else f"ETA {duration(eta)}"
+
+
+class StatusLine:
+    """A one-line status redrawn in place once a second on a terminal (stderr), cleared around every
+    printed line; does nothing when stderr is not a terminal. `text()` gives the current line."""
+
+    def __init__(self, text, stream=None, interval_s: float = 1.0):
+        self.text, self.stream, self.interval_s = text, stream or sys.stderr, interval_s
+        self.live = self.stream.isatty()
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        if self.live:
+            threading.Thread(target=self._run, name="dapo-status", daemon=True).start()
+
+    def _run(self) -> None:
+        while not self.stopped.wait(self.interval_s):
+            self.draw()
+
+    def draw(self) -> None:
+        if self.live:
+            with self.lock:
+                self.stream.write("\r\x1b[K" + self.text()[:200])
+                self.stream.flush()
+
+    def clear(self) -> None:
+        if self.live:
+            with self.lock:
+                self.stream.write("\r\x1b[K")
+                self.stream.flush()
+
+    def close(self) -> None:
+        self.stopped.set()
+        self.clear()

@@ -1,0 +1,73 @@
+"""What a user sees at the console: the ETA of a run, the live status line (only on a terminal), and the
+one vLLM warning per weight sync that is dropped while every other warning stays."""
+
+import importlib
+import inspect
+import io
+import logging
+
+import pytest
+
+from dapo_ray.progress import Pace, StatusLine, duration
+from dapo_ray.rollout.worker_ext import RELOAD_LOGGER, RELOAD_WARNING, quiet_rotary_reload_warning
+
+
+@pytest.mark.parametrize("seconds, text", [(0.4, "0s"), (45, "45s"), (60, "1m00s"), (572, "9m32s"),
+                                           (3599, "59m59s"), (7500, "2h05m")])  # fmt: skip
+def test_durations(seconds, text):
+    assert duration(seconds) == text
+
+
+def test_eta_from_the_recent_pace():
+    pace = Pace(total=100, window=3)
+    pace.mark(10, now=0.0)  # a resumed run starts at step 10
+    assert pace.eta() == "ETA --"
+    pace.mark(11, now=2.0)
+    assert pace.eta_s() == pytest.approx(89 * 2.0)
+    for step, now in [(12, 4.0), (13, 6.0), (14, 16.0)]:  # an evaluation made step 14 slow
+        pace.mark(step, now)
+    assert pace.eta_s() == pytest.approx(86 * (16.0 - 2.0) / 3)  # the last 3 steps only (12, 13, 14)
+    pace.mark(100, now=30.0)
+    assert pace.eta_s() == 0
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_status_line_is_drawn_only_on_a_terminal():
+    log_file = io.StringIO()
+    quiet = StatusLine(lambda: "step 3/10", stream=log_file, interval_s=0.01)
+    quiet.draw()
+    quiet.close()
+    assert log_file.getvalue() == ""
+
+    tty = _Terminal()
+    line = StatusLine(lambda: "step 3/10  ETA 1m00s", stream=tty, interval_s=60)
+    line.draw()
+    line.close()
+    assert tty.getvalue() == "\r\x1b[Kstep 3/10  ETA 1m00s\r\x1b[K"
+
+
+def test_only_the_rotary_reload_warning_is_dropped(caplog):
+    quiet_rotary_reload_warning()
+    quiet_rotary_reload_warning()  # idempotent
+    logger = logging.getLogger(RELOAD_LOGGER)
+    assert len(logger.filters) == 1
+    with caplog.at_level(logging.WARNING, logger=RELOAD_LOGGER):
+        for layer in ("RotaryEmbedding", "Llama3RotaryEmbedding", "QKVParallelLinear", "VocabParallelEmbedding"):
+            logger.warning(RELOAD_WARNING, layer)
+        logger.warning("RotaryEmbedding: some other problem")
+    assert [r.getMessage() for r in caplog.records] == [
+        "QKVParallelLinear: Failed to load weights",
+        "VocabParallelEmbedding: Failed to load weights",
+        "RotaryEmbedding: some other problem",
+    ]
+
+
+def test_the_filter_matches_what_vllm_logs():
+    """vLLM's reload logs this warning from this logger; if either changes, the filter must follow."""
+    layerwise = importlib.import_module(RELOAD_LOGGER)
+    assert layerwise.logger.name == RELOAD_LOGGER
+    assert f'logger.warning("{RELOAD_WARNING}", layer.__class__.__name__)' in inspect.getsource(layerwise)
