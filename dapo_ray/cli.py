@@ -96,11 +96,15 @@ def _prepare(args: argparse.Namespace) -> int:
     import ray
 
     from dapo_ray.data import BadRowError
+    from dapo_ray.driver import start_local_ray
     from dapo_ray.prepare import PrepareError, prepare, report_path
 
     started = not ray.is_initialized()
-    if started:  # join the job's cluster (RAY_ADDRESS), else start our own
-        ray.init(address=os.environ.get("RAY_ADDRESS") or "local")
+    if started:  # join the job's cluster (RAY_ADDRESS), else start our own, for this machine only
+        if os.environ.get("RAY_ADDRESS"):
+            ray.init(address=os.environ["RAY_ADDRESS"])
+        else:
+            start_local_ray()
     try:
         report = prepare(args.input, args.output, apply_template=args.apply_template, data_source=args.data_source,
                          limit=args.limit, shuffle=args.shuffle, seed=args.seed, strict=args.strict)  # fmt: skip

@@ -516,6 +516,23 @@ def _worker_resources(t) -> dict[str, float] | None:
     return {("GPU" if t.use_gpu else "CPU"): 1.0, **t.resources}
 
 
+def start_local_ray(**kwargs) -> None:
+    """Start a Ray cluster of this machine alone that listens on loopback only: GCS, dashboard, metrics.
+
+    Ray binds them to the node's IP, so on every interface of a laptop or a shared host, and `ray.init`
+    replaces a loopback node IP by the machine's address unless Ray's multi-node switch is off (its
+    default on macOS and Windows): it is turned off for this call."""
+    import ray
+    from ray._private import ray_constants
+
+    multi_node = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(address="local", _node_ip_address="127.0.0.1", dashboard_host="127.0.0.1", **kwargs)
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = multi_node
+
+
 def _init_ray(cfg: Config) -> None:
     import logging
 
@@ -539,4 +556,4 @@ def _init_ray(cfg: Config) -> None:
         env = {k: v for k, v in env.items() if k not in os.environ}
         ray.init(address=address, runtime_env={"env_vars": env} if env else None)
     else:
-        ray.init(address="local", num_cpus=cfg.cluster.num_cpus, runtime_env={"env_vars": env})  # always our own
+        start_local_ray(num_cpus=cfg.cluster.num_cpus, runtime_env={"env_vars": env})  # always our own

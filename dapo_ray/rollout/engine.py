@@ -73,6 +73,7 @@ class Engine:
             gpu_memory_utilization=gpu_memory_utilization,
             worker_extension_cls="dapo_ray.rollout.worker_ext.WeightLoader",
             dtype=dtype,
+            load_format="safetensors",  # never a pickled checkpoint (*.bin, *.pt)
             logprobs_mode="processed_logprobs",  # the sampling distribution's (see the module docstring)
             # Tensor-parallel workers must be Ray actors: they read published weights from the object store.
             distributed_executor_backend="ray" if tensor_parallel_size > 1 else None,

@@ -60,13 +60,14 @@ def load_causal_lm(model_path: str, dtype: torch.dtype, ds_config: dict) -> torc
     from transformers import AutoModelForCausalLM
 
     if _stage(ds_config) != 3:
-        return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+        return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, use_safetensors=True)
     partition_dtype = _zero_init_dtype(ds_config)
     if dtype != partition_dtype:
         raise ValueError(f"dtype {dtype} but deepspeed.zero.Init would cast parameters to {partition_dtype}: "
                          'set "bf16" (or "fp16") "enabled" in the DeepSpeed config to match')  # fmt: skip
     with _hf_zero3(ds_config):
-        model, info = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, output_loading_info=True)
+        model, info = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, output_loading_info=True,
+                                                           use_safetensors=True)  # fmt: skip
     if info["missing_keys"]:
         raise ValueError(f"{model_path} lacks weights for {sorted(info['missing_keys'])}")
     return model
