@@ -300,6 +300,12 @@ class Config:
         return self.trainer.train_batch_size * self.rollout.n
 
     @property
+    def max_model_len(self) -> int:
+        """Longest sequence the engine and trainer see: prompt plus the longer of training's and the
+        evaluation's response limits."""
+        return self.data.max_prompt_length + max(self.rollout.max_response_length, self.eval.max_response_length or 0)
+
+    @property
     def updates_per_step(self) -> int:
         """Gradient updates per RL step (paper: 512 * 16 / 512 = 16)."""
         return self.responses_per_step // self.trainer.mini_batch_size * self.trainer.ppo_epochs
@@ -427,6 +433,24 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
     cfg = _build(Config, tree)
     validate(cfg)
     return cfg
+
+
+def check_model_fits(cfg: Config) -> None:
+    """The sequence length fits the model's context (its config.json, where the model directory is on
+    this machine): an error naming the keys before any cluster starts, not one from vLLM later."""
+    import json
+
+    path = Path(cfg.rollout.model_path) / "config.json"
+    if not path.is_file():
+        return
+    context = json.loads(path.read_text()).get("max_position_embeddings")
+    if context is not None and cfg.max_model_len > context:
+        raise ConfigError(
+            f"data.max_prompt_length ({cfg.data.max_prompt_length}) + the longest response "
+            f"(rollout.max_response_length {cfg.rollout.max_response_length}, eval.max_response_length "
+            f"{cfg.eval.max_response_length}) = {cfg.max_model_len} tokens exceeds the context of "
+            f"{cfg.rollout.model_path} (max_position_embeddings {context})"
+        )
 
 
 def validate(cfg: Config) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dapo_ray import storage
 from dapo_ray.algo import BatchFiller
-from dapo_ray.config import Config
+from dapo_ray.config import Config, check_model_fits
 from dapo_ray.data import load_prompts, synthetic_prompts
 from dapo_ray.metrics import Tracker
 from dapo_ray.pipeline import SamplingSpec, ScoringSpec, generate_round
@@ -173,8 +173,7 @@ class Stack:
         self.sync_timeout_s = cfg.weight_sync.timeout_s
         self.channel = Channel.options(name=f"channel-{name}", namespace=NAMESPACE).remote(t.num_workers)
         log(f"deploying {r.num_replicas} vLLM rollout replica(s) of {r.model_path}")
-        max_model_len = cfg.data.max_prompt_length + max(r.max_response_length, cfg.eval.max_response_length or 0)
-        self.handle = deploy_rollout(r, max_model_len, f"weights-{name}", t.seed, run=run_name(cfg),
+        self.handle = deploy_rollout(r, cfg.max_model_len, f"weights-{name}", t.seed, run=run_name(cfg),
                                      export_metrics=cfg.tracking.ray_metrics)  # fmt: skip
         trainer = TorchTrainer(
             train_loop,
@@ -241,6 +240,7 @@ def run(cfg: Config) -> dict:
     t_start = time.time()
     cfg = _absolute_paths(cfg)
     t, a, r = cfg.trainer, cfg.algorithm, cfg.rollout
+    check_model_fits(cfg)
     if not storage.is_uri(t.output_dir):
         Path(t.output_dir).mkdir(parents=True, exist_ok=True)
     _init_ray(cfg)

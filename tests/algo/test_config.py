@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from dapo_ray.config import Config, ConfigError, load_config
+from dapo_ray.config import Config, ConfigError, check_model_fits, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "workflows" / "configs").glob("*.yaml"))
@@ -97,3 +97,17 @@ def test_ablation_ladder_rungs_load():
     for lower, upper in zip(cfgs, cfgs[1:], strict=False):
         a, b = dataclasses.asdict(lower.algorithm), dataclasses.asdict(upper.algorithm)
         assert len([k for k in a if a[k] != b[k]]) == 1
+
+
+def test_a_sequence_longer_than_the_models_context_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "qwen2", "max_position_embeddings": 64}')
+    fits = ["data.source=synthetic", f"rollout.model_path={tmp_path}", "data.max_prompt_length=40",
+            "rollout.max_response_length=24", "algorithm.overlong_cache_length=8"]  # fmt: skip
+    check_model_fits(load_config(overrides=fits))
+    with pytest.raises(ConfigError, match=r"data.max_prompt_length \(40\).*= 65 tokens exceeds .*max_position_embeddings 64"):
+        check_model_fits(load_config(overrides=[*fits, "rollout.max_response_length=25"]))
+    with pytest.raises(ConfigError, match="eval.max_response_length 30"):
+        check_model_fits(load_config(overrides=[*fits, "eval.max_response_length=30"]))
+    # A model directory that is not on this machine (a cluster path) is left to the cluster.
+    check_model_fits(load_config(overrides=[*fits, "rollout.model_path=/models/elsewhere", "rollout.max_response_length=999",
+                                            "algorithm.overlong_cache_length=100"]))  # fmt: skip
