@@ -185,6 +185,9 @@ class TrainerConfig:
     """AdamW betas."""
     grad_clip: float = 1.0
     """Gradient-norm clip."""
+    max_skipped_updates: int = 10
+    """An update whose gradients hold a NaN or inf is skipped and counted (`actor/skipped_updates`); this
+    many skipped in a row stop the run (the weights are those before the first of them)."""
     total_steps: int = 100
     """RL steps to run."""
     num_workers: int = 1
@@ -472,6 +475,7 @@ def validate(cfg: Config) -> None:
           "two policy versions old by the step that could use them, so every one would be dropped as stale; "
           "set carry_over: false (as verl) or max_policy_lag: 2")  # fmt: skip
     check(t.ppo_epochs >= 1, f"trainer.ppo_epochs must be >= 1, got {t.ppo_epochs}")
+    check(t.max_skipped_updates >= 1, f"trainer.max_skipped_updates must be >= 1, got {t.max_skipped_updates}")
     check(t.logprob_chunk_size >= 1, f"trainer.logprob_chunk_size must be >= 1, got {t.logprob_chunk_size}")
     check(
         0 < a.overlong_cache_length < r.max_response_length or not a.soft_overlong,

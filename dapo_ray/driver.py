@@ -297,6 +297,7 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
     t_train = time.time()
     empty_steps = 0
     pace = Pace(t.total_steps)
+    skip_streak = 0  # optimizer updates skipped in a row for a NaN/inf gradient
     pace.mark(step)
     live = {"started": time.time(), "last": "", "held_out": ""}
     if eval_rows and "eval_before" in summary:
@@ -338,6 +339,9 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
             t2 = time.time()
             res = stack.train(shards, b.state | {"totals": totals} if due else None)
             step = res["step"]
+            skip_streak = skip_streak + res["actor/updates"] if res["actor/skipped_updates"] == res["actor/updates"] \
+                else res["skip/trailing"]  # fmt: skip
+            del res["skip/trailing"]
 
             # 3. Sync: every replica serves the new version before the next on-policy rollout; check it.
             t3 = time.time()
@@ -372,6 +376,14 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
             live.update(started=time.time(), last=f"last step: reward {metrics['critic/score/mean']:+.3f} "
                                                   f"acc {metrics['rollout/acc_all_generated']:.1%}")  # fmt: skip
             _print_step(step, t.total_steps, metrics, fill, pace.eta(), live["held_out"])
+            if metrics["actor/skipped_updates"]:
+                log(f"step {step}: {metrics['actor/skipped_updates']} of {metrics['actor/updates']} updates skipped for a "
+                    f"NaN or inf gradient ({skip_streak} in a row; trainer.max_skipped_updates={t.max_skipped_updates})")  # fmt: skip
+            if skip_streak >= t.max_skipped_updates:
+                log(f"stopping: {skip_streak} updates in a row had a NaN or inf gradient and were skipped; the "
+                    f"weights are those before the first of them. Lower trainer.lr or check the data and rewards")  # fmt: skip
+                summary["stopped"] = {"step": step, "skipped_updates_in_a_row": skip_streak}
+                break
 
             # 4. Evaluate every eval.every steps.
             if eval_rows and cfg.eval.every and step % cfg.eval.every == 0 and step < t.total_steps:

@@ -50,9 +50,10 @@ METRICS: dict[str, str] = {
     "actor/kl_loss": "mean per-token KL estimate to the reference policy (algorithm.kl_estimator; only when kl_coef > 0)",
     "actor/ppo_kl": "mean old_logp - logp over updates (k1 estimate)",
     "actor/ratio_mean": "mean importance ratio pi / pi_old",
-    "actor/grad_norm": "mean gradient norm over the step's updates",
+    "actor/grad_norm": "mean gradient norm over the step's applied updates (NaN when every one was skipped)",
     "actor/lr": "learning rate of the step",
-    "actor/updates": "optimizer steps this RL step (mini-batches x ppo_epochs)",
+    "actor/updates": "optimizer steps this RL step (mini-batches x ppo_epochs), skipped ones included",
+    "actor/skipped_updates": "optimizer steps skipped this RL step because a gradient held a NaN or an inf",
     "actor/mean_token_prob": "mean probability of the sampled tokens under the rollout policy",
     # weight sync
     "weight_sync/bytes": "bytes of the published weights",

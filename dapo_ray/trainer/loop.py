@@ -36,9 +36,37 @@ def ds_config(cfg: Config, world: int) -> dict:
         "gradient_accumulation_steps": t.mini_batch_size // world // t.micro_batch_size,
         "gradient_clipping": t.grad_clip,
         "zero_optimization": {"stage": t.zero_stage},
-        "bf16": {"enabled": t.dtype == "bfloat16"},
+        # A NaN/inf gradient skips the update (counted in engine.skipped_steps) rather than poisoning the
+        # weights: DeepSpeed's ZeRO optimizers check it for fp32, and for bf16 when asked; GuardedAdamW
+        # does it without ZeRO.
+        "bf16": {"enabled": t.dtype == "bfloat16", "check_grad_overflow": True},
         "steps_per_print": 10**9,
     }
+
+
+class GuardedAdamW(torch.optim.AdamW):
+    """AdamW that skips an update whose gradients hold a NaN or an inf, zeroing them instead. It sets
+    `overflow` as DeepSpeed's own optimizers do, so the engine counts the update in `skipped_steps` and
+    leaves the learning-rate schedule where it was. Gradients are all-reduced before the step, so every
+    rank decides alike."""
+
+    overflow = False
+
+    def step(self, closure=None):
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        self.overflow = any(not torch.isfinite(g).all() for g in grads)
+        if self.overflow:
+            self.zero_grad(set_to_none=True)
+            return None
+        return super().step(closure)
+
+
+def make_optimizer(params, cfg: Config) -> torch.optim.Optimizer:
+    """AdamW; without ZeRO, GuardedAdamW (ZeRO's optimizers skip non-finite updates themselves, and take
+    only optimizer classes they know)."""
+    t = cfg.trainer
+    cls = GuardedAdamW if t.zero_stage == 0 else torch.optim.AdamW
+    return cls(params, lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
 
 
 def build_engines(cfg: Config, world: int):
@@ -57,7 +85,7 @@ def build_engines(cfg: Config, world: int):
     if t.gradient_checkpointing:
         lm.gradient_checkpointing_enable()
     policy = PolicyLM(lm, t.logprob_chunk_size)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=t.lr, betas=t.betas, weight_decay=t.weight_decay)
+    optimizer = make_optimizer(policy.parameters(), cfg)
     engine, *_ = deepspeed.initialize(model=policy, optimizer=optimizer, config=config)
     ref = None
     if cfg.algorithm.kl_coef > 0:
@@ -121,7 +149,8 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
 
     # 2. ppo_epochs passes; each mini-batch is one optimizer step.
     engine.train()
-    grad_norms, steps_before = [], engine.global_steps
+    grad_norms, steps_before, skipped_before = [], engine.global_steps, engine.skipped_steps
+    skipped_seen, trailing_skipped = skipped_before, 0
     micro_per_mini = ds_config(cfg, world)["gradient_accumulation_steps"]
     for _ in range(t.ppo_epochs):
         for mini, micros in prepared:
@@ -145,7 +174,11 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
                     totals[5] += stats["up_clipped_prob"] * stats["up_clipped_tokens"] / t.ppo_epochs
                 for i, k in enumerate(SUM_KEYS):
                     totals[6 + i] += stats.get(k, 0.0) * n
-            grad_norms.append(stage0_norm if stage0_norm is not None else float(engine.get_global_grad_norm() or 0.0))
+            if engine.skipped_steps > skipped_seen:  # this update held a NaN/inf: not applied
+                skipped_seen, trailing_skipped = engine.skipped_steps, trailing_skipped + 1
+            else:
+                trailing_skipped = 0
+                grad_norms.append(stage0_norm if stage0_norm is not None else float(engine.get_global_grad_norm() or 0.0))
     t_update = time.time() - t0 - t_old
     local_tokens = float(totals[0]) * t.ppo_epochs
     dist.all_reduce(totals)
@@ -156,9 +189,11 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
         "actor/rollout_logprob_diff": float(totals[2]) / max(float(totals[3]), 1.0),
         "actor/off_policy_token_frac": 1.0 - float(totals[3]) / tok,
         **{f"actor/{k}": float(totals[6 + i]) / tok for i, k in enumerate(SUM_KEYS)},
-        "actor/grad_norm": sum(grad_norms) / len(grad_norms),
+        "actor/grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
         "actor/lr": lr,
         "actor/updates": engine.global_steps - steps_before,
+        "actor/skipped_updates": engine.skipped_steps - skipped_before,
+        "skip/trailing": trailing_skipped,  # skipped updates at the end of the step, for the driver's streak
         "timing/old_logprob_s": t_old,
         "timing/update_s": t_update,
         "local/tokens": local_tokens,  # this rank's, for its own Ray metrics; not sent to the driver

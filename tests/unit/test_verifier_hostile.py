@@ -250,8 +250,10 @@ def test_the_budget_leaves_the_callers_alarm_as_it_found_it():
 
 
 def test_a_helper_past_its_deadline_is_killed_and_replaced(monkeypatch, off_main_thread):
-    monkeypatch.setattr(reward, "HELPER_DEADLINE_S", 0.0)
-    out = off_main_thread(lambda: compute_score("Answer: 1/2", "0.5", "math_verify"))
+    # An answer that takes sympy its whole budget (0.5 s) against a deadline of 0.05 s: the reply cannot
+    # come in time however the machine is loaded (with a deadline of 0, a fast reply could).
+    monkeypatch.setattr(reward, "HELPER_DEADLINE_S", 0.05)
+    out = off_main_thread(lambda: compute_score("Answer: (10^{10})!", "0.5", "math_verify"))
     assert out == {"score": -1.0, "acc": False, "pred": INVALID}
     assert reward._helper is None
     monkeypatch.undo()
