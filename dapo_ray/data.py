@@ -42,7 +42,7 @@ _INSTRUCTION_MARK = "Answer: $Answer"
 
 
 class BadRowError(ValueError):
-    """A dataset row that cannot be used; the message names the file and row."""
+    """A data file, or a row of one, that cannot be used; the message names the file (and the row)."""
 
 
 ROW_PROBLEMS = {
@@ -208,7 +208,10 @@ def _read_file(path: Path) -> Iterable[tuple[int, Any, Any]]:
     """(row number, raw record, converter) for every row of a parquet or jsonl file."""
     suffix = path.suffix.lower()
     if suffix == ".parquet":
-        table = pq.read_table(path)
+        try:
+            table = pq.read_table(path)
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            raise BadRowError(f"{path}: not a parquet file that can be read ({e})") from None
         for i, raw in enumerate(table.to_pylist()):
             yield i, raw, row_from_verl
     elif suffix in (".jsonl", ".json"):

@@ -91,6 +91,13 @@ def test_unknown_suffix_and_missing_file(tmp_path):
         load_prompts([tmp_path / "nope.parquet"])
 
 
+@pytest.mark.parametrize("content", [b"", b"hello", b"PAR1" + b"\0" * 64])
+def test_a_file_that_is_not_parquet_is_named(tmp_path, content):
+    (tmp_path / "train.parquet").write_bytes(content)
+    with pytest.raises(BadRowError, match=r"train.parquet: not a parquet file that can be read"):
+        load_prompts([tmp_path / "train.parquet"])
+
+
 def test_apply_template_once():
     t = apply_dapo_template("What is 1+1?")
     assert t.startswith(DAPO_PREFIX) and "What is 1+1?" in t

@@ -95,8 +95,9 @@ def test_resume_continues_from_the_checkpoint(tiny_model_dir, ray_cluster, tmp_p
     base = COMMON + [f"rollout.model_path={tiny_model_dir}", f"trainer.output_dir={out}", "trainer.save_every=1"]
     first = run(load_config(TINY_CFG, base + ["trainer.total_steps=2"]))
     assert first["steps"] == 2
+    _plant_a_checkpoint_cut_short(out / "ray_train" / out.name)
     second = run(load_config(TINY_CFG, base + ["trainer.total_steps=3"]))
-    assert second["start_step"] == 2
+    assert second["start_step"] == 2  # from the last complete checkpoint, not the newer partial one
     assert second["start_cursor"] == first["end_cursor"]  # the data position came back
     # The counters came back too. (Step 3 may train on carried groups alone and generate nothing.)
     generated = second["steps_log"][0]["metrics"]["dynamic_sampling/generated_groups"]
@@ -105,6 +106,20 @@ def test_resume_continues_from_the_checkpoint(tiny_model_dir, ray_cluster, tmp_p
     assert [e["step"] for e in second["steps_log"]] == [3]
     assert "eval_before" not in second  # a resumed run does not re-evaluate step 0
     _check_mlflow_run(out, steps=[1, 2, 3])
+
+
+def _plant_a_checkpoint_cut_short(run_dir: Path) -> None:
+    """A newer checkpoint directory whose write stopped half-way (as when a node dies during an upload):
+    the latest complete one with its files cut to half their size. Resuming must not pick it."""
+    import shutil
+
+    latest = max(run_dir.glob("checkpoint_*"))
+    partial = run_dir / "checkpoint_2999-01-01_00-00-00.000000"
+    shutil.copytree(latest, partial)
+    files = [f for f in partial.rglob("*") if f.is_file()]
+    assert files
+    for f in files:
+        f.write_bytes(f.read_bytes()[: f.stat().st_size // 2])
 
 
 def _check_mlflow_run(out: Path, steps: list[int]) -> None:
