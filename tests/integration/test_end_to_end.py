@@ -41,7 +41,7 @@ def assert_ledger_balances(summary: dict) -> None:
 
 
 def test_three_steps_on_the_real_stack(tiny_model_dir, ray_cluster, tmp_path):
-    cfg = load_config(TINY_CFG, COMMON + [f"rollout.model_path={tiny_model_dir}", "rollout.num_replicas=2",
+    cfg = load_config(TINY_CFG, COMMON + [f"rollout.model_path={tiny_model_dir}", "rollout.num_replicas=2", "rollout.min_replicas=2",
                       "rollout.max_replicas=2", "trainer.total_steps=3", f"trainer.output_dir={tmp_path / 'run'}"])  # fmt: skip
     summary = run(cfg)
 

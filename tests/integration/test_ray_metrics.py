@@ -51,7 +51,7 @@ def finished_run(tiny_model_dir, ray_cluster, scrape, tmp_path_factory):
 
     out = tmp / RUN
     overrides = [
-        f"rollout.model_path={tiny_model_dir}", f"trainer.output_dir={out}", "rollout.num_replicas=2",
+        f"rollout.model_path={tiny_model_dir}", f"trainer.output_dir={out}", "rollout.num_replicas=2", "rollout.min_replicas=2",
         "rollout.max_replicas=2", "trainer.num_workers=2", f"trainer.total_steps={STEPS}",
         "trainer.train_batch_size=4", "trainer.gen_batch_size=8", "trainer.mini_batch_size=16",
         "trainer.micro_batch_size=4", "eval.every=0", "data.synthetic.num_eval=8", "eval.n=2",
