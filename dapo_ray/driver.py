@@ -21,7 +21,7 @@ from dapo_ray import storage
 from dapo_ray.algo import BatchFiller
 from dapo_ray.config import Config, check_model_fits
 from dapo_ray.data import load_prompts, synthetic_prompts
-from dapo_ray.metrics import Tracker
+from dapo_ray.metrics import Tracker, end_failed_run
 from dapo_ray.pipeline import SamplingSpec, ScoringSpec, generate_round
 from dapo_ray.producer import Producer
 from dapo_ray.progress import Pace, StatusLine, duration
@@ -253,6 +253,9 @@ def run(cfg: Config) -> dict:
     stack = Stack(cfg, probe_ids)
     try:
         return _loop(cfg, stack, cursor, filler, eval_rows, probe_ids, t_start)
+    except BaseException:
+        end_failed_run()
+        raise
     finally:
         stack.close()
 

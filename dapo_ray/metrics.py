@@ -162,3 +162,13 @@ class Tracker:
             self.flush()
             self.writer.shutdown(wait=True)
             self.mlflow.end_run()
+
+
+def end_failed_run() -> None:
+    """Mark the MLflow run this process left open as FAILED (a run that raised): the record says so, and
+    the next run in the same process (a notebook, a test session) can start its own."""
+    import sys
+
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is not None and mlflow.active_run() is not None:
+        mlflow.end_run(status="FAILED")

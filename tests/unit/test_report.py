@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dapo_ray import cli
-from dapo_ray.metrics import METRICS, Tracker
+from dapo_ray.metrics import METRICS, Tracker, end_failed_run
 from dapo_ray.report import FIGURES, load_run, resolve_source
 
 PHASES = {"phase/generate_s": 0.2, "phase/old_logprob_s": 0.3, "phase/update_s": 1.0, "phase/publish_s": 0.1,
@@ -205,3 +205,19 @@ def test_artifacts_stay_beside_the_store_not_in_the_working_directory(tmp_path, 
     stored = {p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*") if p.is_file()}
     assert any(s.startswith("mlartifacts/") and s.endswith(f"{run_id}/artifacts/config.yaml") for s in stored)
     assert any(s.endswith(f"{run_id}/artifacts/final_model/config.json") for s in stored), stored
+
+
+def test_a_run_that_raised_is_marked_failed_and_the_next_one_starts(tmp_path, new_db):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{new_db(tmp_path / 'mlflow.db')}"
+    crashed = Tracker(True, uri, "dapo-ray-test", "crashed", PARAMS)
+    crashed.log(step_metrics(1), step=1)
+    crashed.flush()
+    end_failed_run()  # what the driver does when the loop raises
+    again = Tracker(True, uri, "dapo-ray-test", "again", PARAMS)
+    again.close()
+
+    client = MlflowClient(uri)
+    assert client.get_run(crashed.run.info.run_id).info.status == "FAILED"
+    assert client.get_run(again.run.info.run_id).info.status == "FINISHED"
