@@ -73,7 +73,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "workflows/configs/tiny_cpu.yaml"
 SEED = 1
 LOGIT_STD = 12.0
-INIT_STD = 0.02  # Qwen2Config.initializer_range
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
