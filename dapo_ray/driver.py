@@ -280,7 +280,8 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
                       cfg.flat(), resume=step > 0, config_yaml=cfg.to_yaml(),
                       system_metrics=cfg.tracking.system_metrics)  # fmt: skip
     exported = DriverMetrics(cfg.tracking.ray_metrics, run_name(cfg))
-    summary: dict = {"start_step": step, "start_cursor": cursor.state_dict(), "curve": [], "steps_log": []}
+    summary: dict = {"start_step": step, "start_cursor": cursor.state_dict(), "curve": [], "steps_log": [],
+                     "empty_step_draws": []}  # fmt: skip
     if step == 0 and eval_rows:
         ev = evaluate(cfg, eval_rows, stack.app, concurrency)
         summary["eval_before"] = ev
@@ -325,7 +326,8 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
                 log(f"saved a checkpoint at step {step} with {fill.carried_out} kept groups; re-run to resume")
                 summary["stopped"] = {"step": step, "kept_groups": fill.carried_out}
                 break
-            if fill.outcome == "empty":
+            if fill.outcome == "empty":  # nothing to train on: its prompts were all filtered out
+                summary["empty_step_draws"] += b.draws["filtered"]
                 empty_steps += 1
                 if empty_steps == 3:
                     log("stopping: 3 steps in a row found no group with both right and wrong answers; the task "

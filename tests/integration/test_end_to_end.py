@@ -29,9 +29,11 @@ COMMON = [
 
 
 def assert_ledger_balances(summary: dict) -> None:
-    """Every prompt drawn from the cursor is used once: trained or filtered out in exactly one step, or
+    """Every prompt drawn from the cursor is used once: trained or filtered out in exactly one step (a step
+    whose rounds kept no group trains nothing and logs no step, but its prompts were filtered out), or
     still accounted for in the cumulative ledger (carried, dropped)."""
     used = [d for e in summary["steps_log"] for d in e["draws"]["trained"] + e["draws"]["filtered"]]
+    used += summary["empty_step_draws"]
     assert len(used) == len(set(used)), "a prompt draw was used twice"
     last = summary["steps_log"][-1]["metrics"]
     parts = ("trained", "filtered", "stale_dropped", "surplus_dropped", "carried")
@@ -113,7 +115,7 @@ def _plant_a_checkpoint_cut_short(run_dir: Path) -> None:
     the latest complete one with its files cut to half their size. Resuming must not pick it."""
     import shutil
 
-    latest = max(run_dir.glob("checkpoint_*"))
+    latest = max(p for p in run_dir.glob("checkpoint_*") if p.is_dir())  # not checkpoint_manager_snapshot.json
     partial = run_dir / "checkpoint_2999-01-01_00-00-00.000000"
     shutil.copytree(latest, partial)
     files = [f for f in partial.rglob("*") if f.is_file()]

@@ -50,8 +50,10 @@ def finished_run(tiny_model_dir, ray_cluster, scrape, tmp_path_factory):
                 seen[(name, tuple(sorted(labels.items())))] = (name, labels, value)
 
     out = tmp / RUN
+    # Two replicas under autoscaling (so Serve exports its autoscaling metrics), with a downscale delay
+    # longer than the test, so that both stay however slowly the machine runs it.
     overrides = [
-        f"rollout.model_path={tiny_model_dir}", f"trainer.output_dir={out}", "rollout.num_replicas=2", "rollout.min_replicas=2",
+        f"rollout.model_path={tiny_model_dir}", f"trainer.output_dir={out}", "rollout.num_replicas=2", "rollout.downscale_delay_s=600",
         "rollout.max_replicas=2", "trainer.num_workers=2", f"trainer.total_steps={STEPS}",
         "trainer.train_batch_size=4", "trainer.gen_batch_size=8", "trainer.mini_batch_size=16",
         "trainer.micro_batch_size=4", "eval.every=0", "data.synthetic.num_eval=8", "eval.n=2",
@@ -63,9 +65,14 @@ def finished_run(tiny_model_dir, ray_cluster, scrape, tmp_path_factory):
         run(load_config(ROOT / "workflows" / "configs" / "tiny_cpu.yaml", overrides))
         # Processes report every second (the fixture's system config); the trainers' counters are the
         # latest to arrive.
-        deadline = time.time() + 60
-        while _value(list(seen.values()), "ray_dapo_trainer_steps_total", run=RUN, rank="1") != STEPS:
-            assert time.time() < deadline, f"the trainers' final metrics did not reach {ray_cluster.metrics_url} in 60 s"
+        deadline = time.time() + 120
+
+        def trainer_steps() -> dict[str, float]:
+            return _by([x for x in seen.values() if x[1].get("run") == RUN], "ray_dapo_trainer_steps_total", "rank")
+
+        while trainer_steps() != {"0": STEPS, "1": STEPS}:
+            assert time.time() < deadline, (f"the trainers' final step counts did not reach {ray_cluster.metrics_url} "
+                                            f"in 120 s: {trainer_steps()}")  # fmt: skip
             time.sleep(1)
         time.sleep(3)
         done.set()
