@@ -417,7 +417,11 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
         exported.record(ev, step=step)
         log(f"held-out after training: avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%}, pass@{cfg.eval.n} {ev['eval/pass_at_k']:.1%}")
     if cfg.tracking.log_model and not storage.is_uri(final):
-        tracker.log_artifacts(final, "final_model")
+        # Trainer rank 0 wrote it, maybe on another node: only a shared output_dir shows it here.
+        if Path(final).is_dir():
+            tracker.log_artifacts(final, "final_model")
+        else:
+            log(f"final model not stored with the MLflow run: {final} is not on the driver's machine")
     if cfg.tracking.enabled and cfg.tracking.report:
         summary["report"] = _report(cfg, tracker)
     tracker.close()
