@@ -80,16 +80,13 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def size_config(size: str, vocab: int, max_len: int):
-    from transformers import Qwen2Config
-
     from dapo_ray.tiny_model import tiny_config
 
     if size == "tiny":
         return tiny_config(vocab)
-    return Qwen2Config(vocab_size=vocab, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
-                       num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=max(512, max_len),
-                       tie_word_embeddings=False, rope_theta=10000.0, bos_token_id=0, eos_token_id=0,
-                       pad_token_id=0, dtype="float32")  # fmt: skip
+    cfg = tiny_config(vocab, hidden=512, layers=8, max_len=max(512, max_len))
+    cfg.num_attention_heads, cfg.intermediate_size = 8, 1408  # head dim 64
+    return cfg
 
 
 def build_model(size: str, out: Path, max_len: int) -> dict:
