@@ -24,11 +24,15 @@ generated tokens per second of each are printed with their ratio to raw vLLM:
 
 Each path runs in a subprocess of this script (one per path and size, one after the other, so no two
 engines compete for the cores; the Ray cluster lives only in the dapo-ray subprocess and is shut down at
-its end). Per path: start-up (engine construction; for dapo-ray `deploy_rollout` until the replica is
-ready, `ray.init` reported apart), `--warmup` untimed calls of the full size (for dapo-ray this also
-starts Ray Data's task workers), then `--repeats` timed calls; the table shows medians. Columns:
+its end). The paths take turns, `--rounds` times (raw, dapo-ray, HF, raw, ...), so that a drift in the
+machine's speed during the run falls on every path alike: on this shared 2-core host the same call's
+time moved by up to 25% over minutes. Per path and round: start-up (engine construction; for dapo-ray
+`deploy_rollout` until the replica is ready, `ray.init` reported apart), `--warmup` untimed calls of the
+full size (for dapo-ray this also starts Ray Data's task workers), then `--repeats` timed calls; the
+table shows medians over all rounds' timed calls. Columns:
 `engine cores` = CPU time of the process that runs the model (the Serve replica for dapo-ray) over the
-call's wall time; `busy engine threads` = its threads busy more than 25% of the call; `machine cores` =
+call's wall time; `busy engine threads` = its threads busy more than 25% of the call (sampled every
+0.1 s, so threads that end before the call returns count); `machine cores` =
 the whole machine's busy time over the call (Ray's other processes, and anything else running).
 
 Sizes (both randomly initialised Qwen2, built locally: the demo's character tokenizer from
@@ -50,7 +54,7 @@ generated are counted (vLLM's `token_ids`, the dapo-ray rows' `response_ids`, HF
 the first EOS) and printed; tokens/s counts those. Seeds: the engine seed for both vLLM paths,
 `torch.manual_seed` per HF call; the sampled tokens differ by path.
 
-    python bench/rollout.py [--repeats 3] [--warmup 1] [--replica-cpus 1,2] [--large-len 128] [--quick]
+    python bench/rollout.py [--rounds 2] [--repeats 3] [--warmup 1] [--replica-cpus 1,2] [--large-len 128] [--quick]
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from importlib import metadata
 from pathlib import Path
@@ -127,6 +132,9 @@ def make_prompts(count: int) -> list[dict]:
 # ---------------------------------------------------------------- measurement helpers (worker processes)
 
 
+PER_CALL = ("seconds", "tokens", "engine_cores", "machine_cores", "busy_threads")
+
+
 def machine_ticks() -> tuple[int, int]:
     """(busy, total) clock ticks of all CPUs since boot."""
     with open("/proc/stat") as f:
@@ -149,6 +157,31 @@ def thread_cpu_s(pid: int) -> dict[str, float]:
         except (FileNotFoundError, ProcessLookupError):  # a thread that just ended
             continue
     return out
+
+
+class ThreadSampler:
+    """The last CPU seconds seen of each thread of `pid`, sampled every 0.1 s while in the `with` block."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.seen, self.stop = pid, {}, threading.Event()
+
+    def _sample(self) -> None:
+        self.seen.update(thread_cpu_s(self.pid))
+
+    def _loop(self) -> None:
+        while not self.stop.wait(0.1):
+            self._sample()
+
+    def __enter__(self) -> dict[str, float]:
+        self._sample()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+        return self.seen
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+        self._sample()
 
 
 def descendants(root: int, title: str) -> list[int]:
@@ -184,14 +217,15 @@ def measure(call, engine_pid: int, warmup: int, repeats: int) -> dict:
     out: dict = {"seconds": [], "tokens": [], "engine_cores": [], "machine_cores": [], "busy_threads": []}
     ncpu = os.cpu_count() or 1
     for r in range(repeats):
-        (b0, a0), c0, t0 = machine_ticks(), thread_cpu_s(engine_pid), time.perf_counter()
-        tokens = call(warmup + r)
+        (b0, a0), p0, c0, t0 = machine_ticks(), _cpu_s(f"/proc/{engine_pid}/stat"), thread_cpu_s(engine_pid), time.perf_counter()
+        with ThreadSampler(engine_pid) as seen:  # threads that end before the call returns count too
+            tokens = call(warmup + r)
         dt = time.perf_counter() - t0
-        (b1, a1), c1 = machine_ticks(), thread_cpu_s(engine_pid)
-        used = [c1[t] - c0.get(t, 0.0) for t in c1]
+        (b1, a1), p1 = machine_ticks(), _cpu_s(f"/proc/{engine_pid}/stat")
+        used = [seen[t] - c0.get(t, 0.0) for t in seen]
         out["seconds"].append(dt)
         out["tokens"].append(tokens)
-        out["engine_cores"].append(sum(used) / dt)
+        out["engine_cores"].append((p1 - p0) / dt)
         out["machine_cores"].append(ncpu * (b1 - b0) / max(1, a1 - a0))
         out["busy_threads"].append(sum(u > 0.25 * dt for u in used))  # threads busy > 25% of the call
         print(f"  repeat {r + 1}/{repeats}: {tokens} tokens in {dt:.2f}s ({tokens / dt:.0f} tokens/s)", file=sys.stderr, flush=True)
@@ -359,7 +393,8 @@ def print_table(size: str, info: dict, res: dict[str, dict], demo_cpus: int) -> 
     expected = info["prompts"] * info["n"] * info["max_tokens"]
     print(f"\n## {size}: {info['desc']}")
     print(f"{info['prompts']} prompts x n={info['n']} x {info['max_tokens']} tokens max = {expected} tokens per call; "
-          f"medians of {len(next(iter(res.values()))['seconds'])} timed calls after {info['warmup']} warm-up call(s)")  # fmt: skip
+          f"medians of {len(next(iter(res.values()))['seconds'])} timed calls ({info['rounds']} rounds of paths in turn, "
+          f"each {info['warmup']} warm-up call(s) first)")  # fmt: skip
     print("| path | generated tokens | seconds | tokens/s | ratio vs raw vLLM | start-up s | engine cores "
           "| busy engine threads | machine cores |\n|---|---|---|---|---|---|---|---|---|")  # fmt: skip
     base = None
@@ -384,6 +419,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per path and size (median reported)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed full-size calls first")
+    ap.add_argument("--rounds", type=int, default=2, help="times each path runs (alternating, in fresh processes)")
     ap.add_argument("--prompts", type=int, default=None, help="prompts per call, tiny (default: the demo's gen_batch_size)")
     ap.add_argument("--large-prompts", type=int, default=16, help="prompts per call, qwen2-25m (the first of the same)")
     ap.add_argument("--n", type=int, default=None, help="samples per prompt (default: the demo's rollout.n)")
@@ -411,7 +447,7 @@ def main() -> None:
 
     cfg = load_config(CONFIG)
     if a.quick:
-        a.prompts, a.large_prompts, a.n, a.tiny_len, a.large_len, a.repeats = a.prompts or 4, 4, a.n or 4, a.tiny_len or 12, 16, 1
+        a.prompts, a.large_prompts, a.n, a.tiny_len, a.large_len, a.repeats, a.rounds = a.prompts or 4, 4, a.n or 4, a.tiny_len or 12, 16, 1, 1
     a.prompts = a.prompts or cfg.trainer.gen_batch_size
     a.n = a.n or cfg.rollout.n
     a.tiny_len = a.tiny_len or cfg.rollout.max_response_length
@@ -446,8 +482,16 @@ def main() -> None:
                     f"{m['heads']} heads / {m['kv_heads']} KV, intermediate {m['intermediate']}, vocab {m['vocab']} "
                     "char tokenizer, untied, float32; EOS logit suppressed)")  # fmt: skip
             infos[size] = {"desc": desc, "prompts": len(prompts[: counts[size]]), "n": a.n, "max_tokens": lengths[size],
-                           "warmup": a.warmup}  # fmt: skip
-            results[size] = {k: run_worker(k, model_dir, prompts_file, a, lengths[size]) for k in keys}
+                           "warmup": a.warmup, "rounds": a.rounds}  # fmt: skip
+            # Paths alternate round by round, so a drift in the machine's speed over the run (other tenants
+            # of a shared host) falls on every path alike; medians are over all rounds' timed calls.
+            results[size] = {}
+            for _ in range(a.rounds):
+                for k in keys:
+                    r = run_worker(k, model_dir, prompts_file, a, lengths[size])
+                    merged = results[size].setdefault(k, {**r, **{f: [] for f in PER_CALL}})
+                    for f in PER_CALL:
+                        merged[f] += r[f]
     print(f"\nprompts: the first {len(prompts)} of the demo's synthetic training problems, chat template applied "
           f"({min(len(p['prompt_ids']) for p in prompts)}-{max(len(p['prompt_ids']) for p in prompts)} tokens); "
           f"sampling temperature 1.0, top-p 1.0; whole run {time.perf_counter() - t_start:.0f}s")  # fmt: skip

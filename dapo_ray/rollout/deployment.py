@@ -32,7 +32,8 @@ APP_NAME = "dapo-rollout"
 @serve.deployment(name="rollout", max_ongoing_requests=8,
                   logging_config={"log_level": "WARNING", "enable_access_log": False})  # fmt: skip
 class RolloutServer:
-    """One vLLM engine; calls are serialised on a lock (vLLM batches the prompts of each call itself)."""
+    """One vLLM engine. Concurrent calls share its running batch (`Engine.submit`); a weight load waits
+    for the calls already running and holds back later ones, so each call is served by one version."""
 
     async def __init__(self, rollout: dict, max_model_len: int, store_name: str, seed: int, run: str,
                        export_metrics: bool) -> None:  # fmt: skip
@@ -50,7 +51,7 @@ class RolloutServer:
         self.store = get_store(store_name)
         self.replica_id = f"replica-{uuid.uuid4().hex[:8]}"
         self.metrics = ReplicaMetrics(export_metrics, run, self.replica_id)
-        self.lock = asyncio.Lock()
+        self.load_lock = asyncio.Lock()  # one load at a time
         self.in_flight = 0  # generate calls received and not yet answered
         await self._load(await self.store.latest.remote())  # the current policy before the first request
         self.follower = asyncio.get_running_loop().create_task(self._follow())
@@ -60,10 +61,10 @@ class RolloutServer:
         now served."""
         version, ref_box = latest
         if version > self.engine.version and ref_box[0] is not None:
-            async with self.lock:
+            async with self.load_lock:
                 if version > self.engine.version:
                     t0 = time.perf_counter()
-                    await asyncio.to_thread(self.engine.load_weights, ref_box, version)
+                    await asyncio.wrap_future(self.engine.submit_load(ref_box, version))
                     self.metrics.loaded(version, time.perf_counter() - t0)
         await self.store.ack.remote(self.replica_id, self.engine.version)
         return self.engine.version
@@ -85,12 +86,10 @@ class RolloutServer:
         self.in_flight += 1
         try:
             await self._load(await self.store.latest.remote())
-            async with self.lock:
-                version = self.engine.version
-                t0 = time.perf_counter()
-                out = await asyncio.to_thread(
-                    self.engine.generate, prompt_ids, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens
-                )
+            t0 = time.perf_counter()
+            version, out = await asyncio.wrap_future(
+                self.engine.submit(prompt_ids, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
+            )
             tokens = sum(len(c["response_ids"]) for completions in out for c in completions)
             self.metrics.generated(len(prompt_ids), tokens, time.perf_counter() - t0)
             return version, self.replica_id, out
@@ -104,8 +103,7 @@ class RolloutServer:
 
     async def sequence_logprobs(self, token_ids: list[int]) -> tuple[int, list[float]]:
         await self._load(await self.store.latest.remote())
-        async with self.lock:
-            return self.engine.version, await asyncio.to_thread(self.engine.sequence_logprobs, token_ids)
+        return await asyncio.wrap_future(self.engine.submit_logprobs(token_ids))
 
 def deploy_rollout(cfg: RolloutConfig, max_model_len: int, store_name: str, seed: int, run: str = "",
                    export_metrics: bool = False) -> serve.handle.DeploymentHandle:  # fmt: skip

@@ -35,6 +35,8 @@ class OneEngine:
         return self.engine
 
     def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
         self.engine, self.path = None, None
         gc.collect()
 
@@ -116,6 +118,45 @@ def test_sequence_logprobs_are_the_models_own(engines, tiny_model_dir, hf_model,
     out = engine.llm.generate([{"prompt_token_ids": probe}], params, use_tqdm=False)[0]
     at_half = [d[t].logprob for t, d in zip(probe[1:], out.prompt_logprobs[1:], strict=True)]
     assert max(abs(a - b) for a, b in zip(at_half, ref, strict=True)) < 1e-4
+
+
+def test_concurrent_calls_share_the_batch_and_keep_their_own_prompts(engines, tiny_model_dir, prompts):
+    """Calls submitted while another runs join its batch: each still gets exactly its own prompts'
+    completions, in order (greedy decoding makes them comparable with one call at a time), and a weight
+    load queued between calls waits for the first and serves every later call."""
+    import threading
+    import time
+
+    engine = engines.get(tiny_model_dir)
+    greedy = {"n": 1, "temperature": 0.0, "top_p": 1.0, "max_tokens": 24}
+    alone = [engine.generate([p], **greedy)[0][0]["response_ids"] for p in prompts]
+
+    steps = []
+    step = engine.llm.llm_engine.step
+    engine.llm.llm_engine.step = lambda: (steps.append(engine.llm.llm_engine.get_num_unfinished_requests()), step())[1]
+    # The load itself is the weight store's business (test_weight_store.py); here it only sets the version.
+    engine._load_weights = lambda ref_box, version: setattr(engine, "version", version)
+    try:
+        first = engine.submit(prompts[:4], **greedy)
+        time.sleep(0.05)  # the first call is running when the others arrive
+        before = engine.version
+        load = engine.submit_load([None], before + 1)
+        later = [engine.submit([p], **greedy) for p in prompts[4:]]
+        threaded = []
+        t = threading.Thread(target=lambda: threaded.append(engine.generate(prompts[:2], **greedy)))
+        t.start()
+        t.join(60)
+        version, outs = first.result(60)
+        load.result(60)
+        later = [f.result(60) for f in later]
+    finally:
+        engine.llm.llm_engine.step = step
+        del engine._load_weights
+    assert version == before and [o[0]["response_ids"] for o in outs] == alone[:4]
+    assert all(v == before + 1 for v, _ in later)
+    assert [o[0][0]["response_ids"] for _, o in later] == alone[4:]
+    assert [g[0]["response_ids"] for g in threaded[0]] == alone[:2]
+    assert max(steps) > 4  # later calls ran together in one batch
 
 
 def end_of_turn_model(out_dir) -> tuple[int, int]:
