@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import types
 import typing
 from dataclasses import dataclass, field
@@ -94,7 +95,8 @@ class RolloutConfig:
     downscale_delay_s: float = 120.0
     """Autoscaling: how long the load must stay low before a replica is removed."""
     look_back_period_s: float = 30.0
-    """Autoscaling: the window over which Serve averages the calls in flight (Serve's default)."""
+    """Autoscaling: the window over which Serve averages the calls in flight (Serve's default); longer
+    than the interval at which replicas and handles report them (`serve_metrics_push_s`)."""
     tensor_parallel_size: int = 1
     """GPUs per replica."""
     gpu_memory_utilization: float = 0.85
@@ -456,6 +458,13 @@ def check_model_fits(cfg: Config) -> None:
         )
 
 
+def serve_metrics_push_s() -> float:
+    """How often Serve's replicas and handles report their calls in flight to the autoscaler (Serve's
+    environment variables, 10 s by default)."""
+    names = ("RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S", "RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S")
+    return max(float(os.environ.get(name, 10.0)) for name in names)
+
+
 def validate(cfg: Config) -> None:
     """Cross-field checks; each error names the keys involved."""
     a, r, t = cfg.algorithm, cfg.rollout, cfg.trainer
@@ -492,6 +501,9 @@ def validate(cfg: Config) -> None:
     check(r.target_ongoing_requests > 0 and r.upscale_delay_s >= 0 and r.downscale_delay_s >= 0
           and r.look_back_period_s > 0,
           "rollout.target_ongoing_requests and rollout.look_back_period_s must be > 0 and the scale delays >= 0")  # fmt: skip
+    check(r.max_replicas == r.min_replicas or r.look_back_period_s > serve_metrics_push_s(),
+          f"rollout.look_back_period_s ({r.look_back_period_s}) must exceed the {serve_metrics_push_s():g} s at which "
+          "Serve's replicas and handles report their calls in flight, or the autoscaler sees gaps and flaps")  # fmt: skip
     check(t.train_batch_size >= 1 and t.gen_batch_size >= 1, "trainer batch sizes must be >= 1")
     check(t.num_workers >= 1, "trainer.num_workers must be >= 1")
     check(

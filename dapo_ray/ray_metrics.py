@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 import weakref
 
 from dapo_ray import storage
@@ -61,6 +62,7 @@ class _Metrics:
         self.tags = tags
         self.metrics: dict[str, object] = {}
         self.gauge_values: dict[str, float] = {}  # re-set by _keep_alive
+        self.last_update = 0.0  # time.monotonic() of the latest set or inc
 
     def _get(self, kind: str, name: str, description: str, **kwargs):
         if name not in self.metrics:
@@ -75,6 +77,7 @@ class _Metrics:
         if self.enabled:
             self._get("gauge", name, description).set(float(value))
             self.gauge_values[name] = float(value)
+            self.last_update = time.monotonic()
             _keep_alive(self)
 
     def refresh(self) -> None:
@@ -85,10 +88,25 @@ class _Metrics:
     def inc(self, name: str, value: float, description: str) -> None:
         if self.enabled and value > 0:
             self._get("counter", name, description).inc(float(value))
+            self.last_update = time.monotonic()
 
     def observe(self, name: str, value: float, description: str, boundaries: list[float]) -> None:
         if self.enabled:
             self._get("histogram", name, description, boundaries=boundaries).observe(float(value))
+            self.last_update = time.monotonic()
+
+    def wait_exported(self) -> None:
+        """Return once Ray has exported this process's latest values: Ray sends them to the node's
+        metrics agent every report interval, so a process that exits sooner after its last update loses
+        it (a short run's trainer worker would never show up at all)."""
+        if self.enabled and self.last_update:
+            time.sleep(max(0.0, self.last_update + _report_interval_s() + 1.0 - time.monotonic()))
+
+
+def _report_interval_s() -> float:
+    import ray
+
+    return max(ray._config.metrics_report_interval_ms(), 1000) / 1000
 
 
 _alive: weakref.WeakSet[_Metrics] = weakref.WeakSet()
@@ -101,18 +119,13 @@ def _keep_alive(m: _Metrics) -> None:
     twice per report interval of Ray's metrics."""
     with _alive_lock:
         if not _refresher:
-            import ray
-
-            interval_s = max(ray._config.metrics_report_interval_ms(), 1000) / 1000
-            _refresher.append(threading.Thread(target=_refresh_forever, args=(interval_s / 2,), name="dapo-metrics",
-                                               daemon=True))  # fmt: skip
+            every_s = _report_interval_s() / 2
+            _refresher.append(threading.Thread(target=_refresh_forever, args=(every_s,), name="dapo-metrics", daemon=True))
             _refresher[0].start()
         _alive.add(m)
 
 
 def _refresh_forever(every_s: float) -> None:
-    import time
-
     while True:
         time.sleep(every_s)
         with _alive_lock:

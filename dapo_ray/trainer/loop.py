@@ -323,3 +323,4 @@ def train_loop(params: dict) -> None:
         _save_final(engine, cfg, params["final_dir"], rank)
         if rank == 0:
             ray.get(channel.put_result.remote({"kind": "final", "path": params["final_dir"]}))
+    exported.wait_exported()  # the last step's counters, before Ray Train ends this worker

@@ -78,6 +78,18 @@ def test_bad_types_and_cross_field_checks():
     load_config(overrides=["data.source=synthetic", "algorithm.carry_over=true", "algorithm.max_policy_lag=2"])
 
 
+def test_an_autoscaling_window_shorter_than_serves_reports_is_refused(monkeypatch):
+    """Serve's replicas and handles report calls in flight every 10 s: a shorter look-back window sees
+    gaps, and the fleet flaps (replicas stopped while they start)."""
+    autoscaled = ["data.source=synthetic", "rollout.max_replicas=2"]
+    with pytest.raises(ConfigError, match=r"rollout.look_back_period_s \(2.0\) must exceed the 10 s"):
+        load_config(overrides=autoscaled + ["rollout.look_back_period_s=2"])
+    load_config(overrides=["data.source=synthetic", "rollout.look_back_period_s=2"])  # fixed size: unused
+    monkeypatch.setenv("RAY_SERVE_HANDLE_AUTOSCALING_METRIC_PUSH_INTERVAL_S", "1")
+    monkeypatch.setenv("RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S", "1")
+    load_config(overrides=autoscaled + ["rollout.look_back_period_s=2"])
+
+
 def test_ablation_ladder_rungs_load():
     """Every rung of paper Table 1 is a set of overrides (the README lists them)."""
     from dapo_ray.ablation import LADDER

@@ -16,11 +16,12 @@ from dapo_ray.rollout.deployment import APP_NAME, _live_replicas
 
 pytestmark = pytest.mark.integration
 
-# Serve reacts within seconds here (on a cluster the defaults are 30 s up, 120 s down, 30 s look-back).
+# Serve reacts within seconds here (on a cluster the defaults are 30 s up, 120 s down, 30 s look-back);
+# the look-back window must outlast the 10 s at which replicas and handles report their calls in flight.
 # The run alone keeps at most max_replicas x 2 = 4 calls in flight: one replica at 4 per replica.
 AUTOSCALING = ["rollout.num_replicas=1", "rollout.min_replicas=1", "rollout.max_replicas=2",
-               "rollout.target_ongoing_requests=4", "rollout.upscale_delay_s=1", "rollout.downscale_delay_s=3",
-               "rollout.look_back_period_s=2"]  # fmt: skip
+               "rollout.target_ongoing_requests=4", "rollout.upscale_delay_s=1", "rollout.downscale_delay_s=5",
+               "rollout.look_back_period_s=12"]  # fmt: skip
 EXTRA_CALLS = 8  # another user's calls in flight on the same deployment: 12 / 4 per replica -> 2 replicas
 
 
@@ -45,7 +46,7 @@ def _published_version(store_name: str) -> int:
 def test_the_rollout_fleet_follows_the_load_during_training(tiny_model_dir, ray_cluster, tmp_path):
     out = tmp_path / "autoscaled"
     cfg = load_config(TINY_CFG, COMMON + AUTOSCALING + [
-        f"rollout.model_path={tiny_model_dir}", "trainer.total_steps=60", "algorithm.max_policy_lag=0",
+        f"rollout.model_path={tiny_model_dir}", "trainer.total_steps=80", "algorithm.max_policy_lag=0",
         f"trainer.output_dir={out}"])  # fmt: skip
     result: dict = {}
     done = threading.Event()
@@ -90,7 +91,7 @@ def test_the_rollout_fleet_follows_the_load_during_training(tiny_model_dir, ray_
         trainer.join(timeout=900)
     assert "error" not in result, result.get("error")
     summary = result["summary"]
-    assert summary["steps"] == 60, "the run must outlast the scale-down"
+    assert summary["steps"] == 80, "the run must outlast the scale-down"
 
     log = summary["steps_log"]
     replicas = [e["metrics"]["weight_sync/replicas"] for e in log]
