@@ -51,12 +51,14 @@ def finished_run(tiny_model_dir, ray_cluster, scrape, tmp_path_factory):
 
     out = tmp / RUN
     # Two replicas under autoscaling (so Serve exports its autoscaling metrics), with a downscale delay
-    # longer than the test, so that both stay however slowly the machine runs it.
+    # longer than the test, so that both stay however slowly the machine runs it. A clip range of 1%
+    # makes sure some tokens are clipped at the upper bound, or actor/up_clipped_prob has no value.
     overrides = [
         f"rollout.model_path={tiny_model_dir}", f"trainer.output_dir={out}", "rollout.num_replicas=2", "rollout.downscale_delay_s=600",
         "rollout.max_replicas=2", "trainer.num_workers=2", f"trainer.total_steps={STEPS}",
         "trainer.train_batch_size=4", "trainer.gen_batch_size=8", "trainer.mini_batch_size=16",
         "trainer.micro_batch_size=4", "eval.every=0", "data.synthetic.num_eval=8", "eval.n=2",
+        "algorithm.eps_low=0.01", "algorithm.eps_high=0.01",
     ]  # fmt: skip
     poller = threading.Thread(target=poll, daemon=True)
     t0 = time.time()
@@ -121,7 +123,8 @@ def test_every_panel_query_returns_data_in_prometheus(finished_run):
     start, end = finished_run.window
     queries = [(t, e.replace("$run", RUN).replace("$__rate_interval", "10s")) for t, e in panel_queries()]
     empty = [(t, e) for t, e in queries if not prom.query_range(e, start, end)]
-    assert not empty, f"panels whose query returned no data: {empty}\n{prom.log()[-3000:]}"
+    scrapes = {e: prom.query_range(e, start, end) for e in ("up", "scrape_duration_seconds")}
+    assert not empty, f"panels whose query returned no data: {empty}\nscrapes: {scrapes}\n{prom.log()[-3000:]}"
 
 
 def panel_queries() -> list[tuple[str, str]]:
@@ -140,13 +143,14 @@ def _by(samples, name: str, key: str) -> dict[str, float]:
 
 
 class _Prometheus:
-    """A Prometheus server scraping one endpoint every second, for the length of the module."""
+    """A Prometheus server scraping one endpoint every 3 s, for the length of the module."""
 
     def __init__(self, target_url: str, tmp: Path):
         self.dir = tmp
         port = _free_port()
         (tmp / "prometheus.yml").write_text(
-            "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+            # A scrape times out after its interval at most: 1 s was too short for a busy 2-core machine.
+            "global: {scrape_interval: 3s, scrape_timeout: 3s, evaluation_interval: 3s}\n"
             f"scrape_configs: [{{job_name: ray, static_configs: [{{targets: ['{urllib.parse.urlsplit(target_url).netloc}']}}]}}]\n"
         )  # fmt: skip
         self.log_file = (tmp / "prometheus.log").open("w")
