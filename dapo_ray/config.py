@@ -31,6 +31,9 @@ class SyntheticConfig:
     """`short`: the answer line only; `reasoning`: a worked scratchpad before the `Answer:` line."""
     num_terms: int = 2
     """Operands per problem (difficulty)."""
+    min_terms: int = 0
+    """When set, each problem draws its number of operands from [min_terms, num_terms]: a mix of
+    response lengths in the reasoning flavour."""
     min_operand: int = 0
     """Smallest operand."""
     max_operand: int = 99
@@ -192,6 +195,9 @@ class TrainerConfig:
     many skipped in a row stop the run (the weights are those before the first of them)."""
     total_steps: int = 100
     """RL steps to run."""
+    max_generated: int = 0
+    """Also stop once this many responses have been generated (0: no limit). Dynamic sampling generates
+    more per step than it trains on, so runs compared at equal generation (the ablation ladder) set it."""
     num_workers: int = 1
     """Ray Train workers (data-parallel ranks)."""
     use_gpu: bool = False
@@ -517,6 +523,7 @@ def validate(cfg: Config) -> None:
         f"trainer.micro_batch_size ({t.num_workers} * {t.micro_batch_size})",
     )
     check(t.lr > 0 and t.warmup_steps >= 0 and t.total_steps >= 1, "trainer.lr, warmup_steps, total_steps")
+    check(t.max_generated >= 0, "trainer.max_generated must be >= 0 (0: no limit)")
     check(set(cfg.data.synthetic.operators) <= set("+-*") and cfg.data.synthetic.operators != "",
           f"data.synthetic.operators must be a non-empty subset of '+-*', got {cfg.data.synthetic.operators!r}")  # fmt: skip
     check(

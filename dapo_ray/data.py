@@ -277,27 +277,33 @@ _OP_WORDS = {"+": "add {b}", "-": "subtract {b}", "*": "multiply by {b}"}
 def synthetic_problem(rng: random.Random, num_terms: int, lo: int, hi: int, operators: str,
                       style: str = "words") -> tuple[str, str, list[str]]:  # fmt: skip
     """One left-to-right arithmetic problem: (problem text, answer, scratchpad lines). `style="words"`
-    phrases it as a sentence; `"symbols"` writes the expression, evaluated left to right (`49+5=`).
+    phrases it as a sentence; `"symbols"` writes the expression, evaluated left to right (`49+5=`). Each
+    scratchpad line is the expression with its first two terms replaced by their value, down to two
+    terms, so every line needs one small operation on the line above it.
 
     >>> synthetic_problem(random.Random(0), 2, 0, 99, "+")
-    ('Start with 49, add 5. What is the result?', '54', ['49 + 5 = 54'])
+    ('Start with 49, add 5. What is the result?', '54', [])
+    >>> synthetic_problem(random.Random(1), 4, 0, 9, "+", style="symbols")
+    ('2+4+7+7=', '20', ['6+7+7', '13+7'])
     """
     value = rng.randint(lo, hi)
-    words = [f"Start with {value}"]
+    rest = [(rng.choice(operators), rng.randint(lo, hi)) for _ in range(num_terms - 1)]
+    text = (f"{_left_to_right(value, rest)}=" if style == "symbols"
+            else ", ".join([f"Start with {value}"] + [_OP_WORDS[op].format(b=b) for op, b in rest]) + ". What is the result?")  # fmt: skip
     steps = []
-    for _ in range(num_terms - 1):
-        op, b = rng.choice(operators), rng.randint(lo, hi)
-        new = value + b if op == "+" else value - b if op == "-" else value * b
-        words.append(_OP_WORDS[op].format(b=b))
-        steps.append(f"{value} {op} {b} = {new}")
-        value = new
-    if style == "symbols":  # left to right, so parenthesise a product that follows a sum
-        expr = steps[0].split(" ")[0]
-        for step in steps:
-            _, op, b = step.split(" = ")[0].split(" ")
-            expr = f"({expr}){op}{b}" if op == "*" and ("+" in expr or "-" in expr[1:]) else f"{expr}{op}{b}"
-        return expr + "=", str(value), steps
-    return ", ".join(words) + ". What is the result?", str(value), steps
+    for i, (op, b) in enumerate(rest):
+        value = value + b if op == "+" else value - b if op == "-" else value * b
+        steps.append(_left_to_right(value, rest[i + 1 :]))
+    return text, str(value), steps[:-1]  # the last line would be the answer alone
+
+
+def _left_to_right(value: int, rest: list[tuple[str, int]]) -> str:
+    """`value` then each (operator, operand) of `rest`, evaluated left to right: a product that follows a
+    sum is parenthesised."""
+    expr = str(value)
+    for op, b in rest:
+        expr = f"({expr}){op}{b}" if op == "*" and ("+" in expr or "-" in expr[1:]) else f"{expr}{op}{b}"
+    return expr
 
 
 def synthetic_prompts(
@@ -306,6 +312,7 @@ def synthetic_prompts(
     *,
     flavour: Literal["short", "reasoning"] = "short",
     num_terms: int = 2,
+    min_terms: int = 0,
     min_operand: int = 0,
     max_operand: int = 99,
     operators: str = "+",
@@ -313,13 +320,17 @@ def synthetic_prompts(
     seed: int = 0,
 ) -> tuple[list[PromptRow], list[PromptRow]]:
     """Seeded arithmetic word problems with integer answers: (train rows, eval rows), never overlapping.
+    Each problem has `num_terms` operands, or a number drawn from [min_terms, num_terms] when `min_terms`
+    is set.
 
     `solution` is the reference response: `Answer: 54` (short) or the scratchpad lines then the
     `Answer:` line (reasoning), the format the DAPO verifier reads.
     """
-    if num_terms < 2 or min_operand > max_operand:
-        raise ValueError("need num_terms >= 2 and min_operand <= max_operand")
-    space = (max_operand - min_operand + 1) ** num_terms * len(operators) ** (num_terms - 1)
+    lowest = min_terms or num_terms
+    if not 2 <= lowest <= num_terms or min_operand > max_operand:
+        raise ValueError("need 2 <= min_terms <= num_terms and min_operand <= max_operand")
+    values, ops = max_operand - min_operand + 1, len(operators)
+    space = sum(values**k * ops ** (k - 1) for k in range(lowest, num_terms + 1))
     if space < 2 * (num_train + num_eval):
         raise ValueError(
             f"only {space} distinct problems exist for these knobs; {num_train} + {num_eval} asked "
@@ -330,7 +341,8 @@ def synthetic_prompts(
     splits: dict[str, list[PromptRow]] = {"train": [], "eval": []}
     for split, count in (("train", num_train), ("eval", num_eval)):
         while len(splits[split]) < count:
-            text, answer, steps = synthetic_problem(rng, num_terms, min_operand, max_operand, operators, style)
+            terms = rng.randint(min_terms, num_terms) if min_terms else num_terms
+            text, answer, steps = synthetic_problem(rng, terms, min_operand, max_operand, operators, style)
             if text in seen:
                 continue
             seen.add(text)

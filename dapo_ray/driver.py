@@ -280,12 +280,17 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
                       cfg.flat(), resume=step > 0, config_yaml=cfg.to_yaml(),
                       system_metrics=cfg.tracking.system_metrics)  # fmt: skip
     exported = DriverMetrics(cfg.tracking.ray_metrics, run_name(cfg))
-    summary: dict = {"start_step": step, "start_cursor": cursor.state_dict(), "curve": [], "steps_log": [],
-                     "empty_step_draws": []}  # fmt: skip
+    summary: dict = {"start_step": step, "start_cursor": cursor.state_dict(), "curve": [], "evals": [],
+                     "steps_log": [], "empty_step_draws": []}  # fmt: skip
+
+    def evaluated(ev: dict, train_s: float) -> None:  # the held-out curve against time, step and generation
+        summary["curve"].append((train_s, ev["eval/avg_at_k"]))
+        summary["evals"].append({"step": step, "train_s": train_s, "generated": totals["generated_groups"] * r.n, **ev})
+
     if step == 0 and eval_rows:
         ev = evaluate(cfg, eval_rows, stack.app, concurrency)
         summary["eval_before"] = ev
-        summary["curve"].append((0.0, ev["eval/avg_at_k"]))
+        evaluated(ev, 0.0)
         tracker.log(ev, step=0)
         exported.record(ev, step=0)
         log(f"held-out before training: avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%}, pass@{cfg.eval.n} {ev['eval/pass_at_k']:.1%}")
@@ -311,6 +316,10 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
                                  f"  {pace.eta()}  {live['last']}  {live['held_out']}")  # fmt: skip
     try:
         while step < t.total_steps:
+            if t.max_generated and totals["generated_groups"] * r.n >= t.max_generated:
+                log(f"stopping at step {step}: {totals['generated_groups'] * r.n} responses generated "
+                    f"(trainer.max_generated={t.max_generated})")
+                break
             # 1. Take a batch of kept groups (dynamic sampling); the next one may start generating now.
             t0 = time.time()
             b = producer.take(step, prefetch=step + 1 < t.total_steps)
@@ -395,7 +404,7 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
                 ev = evaluate(cfg, eval_rows, stack.app, concurrency)
                 tracker.log(ev, step=step)
                 exported.record(ev, step=step)
-                summary["curve"].append((time.time() - t_train, ev["eval/avg_at_k"]))
+                evaluated(ev, time.time() - t_train)
                 live["held_out"] = f"held-out avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%} at step {step}"
                 log(f"held-out at step {step}: avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%}")
     finally:
@@ -412,7 +421,7 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
     if eval_rows:
         ev = evaluate(cfg, eval_rows, stack.app, concurrency)
         summary["eval_after"] = ev
-        summary["curve"].append((time.time() - t_train, ev["eval/avg_at_k"]))
+        evaluated(ev, time.time() - t_train)
         tracker.log(ev, step=step)
         exported.record(ev, step=step)
         log(f"held-out after training: avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%}, pass@{cfg.eval.n} {ev['eval/pass_at_k']:.1%}")

@@ -114,7 +114,25 @@ def test_synthetic_is_seeded_disjoint_and_scored_correct():
     assert len(texts) == 200
     for r in tr + ev:  # every reference solution is judged correct by the DAPO verifier
         assert compute_score(r["solution"], r["ground_truth"])["acc"]
-        assert r["solution"].count("\n") == 2  # two scratchpad lines, then the answer
+        assert r["solution"].count("\n") == 1  # one scratchpad line, then the answer
+
+
+def test_reasoning_scratchpad_reduces_the_expression_line_by_line():
+    import random as _random
+
+    from dapo_ray.data import synthetic_problem
+
+    text, answer, steps = synthetic_problem(_random.Random(1), 4, 0, 9, "+", style="symbols")
+    assert (text, answer, steps) == ("2+4+7+7=", "20", ["6+7+7", "13+7"])
+    rng = _random.Random(7)
+    for _ in range(200):  # every line evaluates (left to right, as written) to the answer
+        text, answer, steps = synthetic_problem(rng, 5, 0, 20, "+-*", style="symbols")
+        assert len(steps) == 3 and all(eval(line) == int(answer) for line in steps), (text, steps)
+    tr, ev = synthetic_prompts(300, 30, flavour="reasoning", num_terms=8, min_terms=3, max_operand=9, style="symbols")
+    terms = {r["messages"][0]["content"].count("+") + 1 for r in tr + ev}
+    assert terms == set(range(3, 9))  # a mix of lengths, so some responses are long
+    with pytest.raises(ValueError, match="min_terms"):
+        synthetic_prompts(10, 5, num_terms=3, min_terms=4)
 
 
 def test_synthetic_short_flavour_and_too_small_space():

@@ -79,11 +79,20 @@ def test_three_steps_on_the_real_stack(tiny_model_dir, ray_cluster, tmp_path):
     assert AutoTokenizer.from_pretrained(summary["final_model"]).encode("Answer: 7") == [35, 80, 85, 89, 71, 84, 28, 2, 25]
 
 
-def test_max_policy_lag_0_trains_strictly_on_policy(tiny_model_dir, ray_cluster, tmp_path):
-    cfg = load_config(TINY_CFG, COMMON + [f"rollout.model_path={tiny_model_dir}", "trainer.total_steps=2",
-                      "algorithm.max_policy_lag=0", f"trainer.output_dir={tmp_path / 'on-policy'}"])  # fmt: skip
+def test_max_policy_lag_0_trains_strictly_on_policy_and_stops_at_the_generation_budget(tiny_model_dir, ray_cluster,
+                                                                                        tmp_path):  # fmt: skip
+    budget = 200  # responses: a round generates 8 prompts x 16, so the run stops after step 1 or 2
+    cfg = load_config(TINY_CFG, COMMON + [f"rollout.model_path={tiny_model_dir}", "trainer.total_steps=50",
+                      f"trainer.max_generated={budget}", "algorithm.max_policy_lag=0",
+                      f"trainer.output_dir={tmp_path / 'on-policy'}"])  # fmt: skip
     summary = run(cfg)
-    assert summary["steps"] == 2
+    generated, total = [], 0
+    for entry in summary["steps_log"]:
+        total += entry["metrics"]["dynamic_sampling/generated_groups"] * cfg.rollout.n
+        generated.append(total)
+    assert summary["steps"] in (1, 2) and generated[-1] >= budget
+    assert all(g < budget for g in generated[:-1])  # it stopped at the first step past the budget
+    assert [(e["step"], e["generated"]) for e in summary["evals"]] == [(0, 0), (summary["steps"], generated[-1])]
     for entry in summary["steps_log"]:
         m = entry["metrics"]
         assert m["rollout/policy_version_lag_max"] == 0 and m["actor/off_policy_token_frac"] == 0.0

@@ -1,0 +1,187 @@
+"""The ablation ladder of DAPO Table 1 on the reasoning-length task (`tiny_cpu_reasoning.yaml`): naive
+GRPO, then + overlong filtering, + clip-higher, + soft overlong punishment, + token-level loss,
++ dynamic sampling (`dapo_ray.ablation.LADDER`), several seeds per rung.
+
+Every run starts from the same warmed-up tiny model and stops at the same number of generated responses
+(`trainer.max_generated`): dynamic sampling spends more generation per step, so rungs are compared at
+equal generation; the table also gives each rung's accuracy at an equal wall time (the fastest rung's
+total). Held-out avg@8 is evaluated every `--eval-every` steps.
+
+    python bench/ablation.py                                 # 6 rungs x 3 seeds, about 1.5 h on 2 cores
+    python bench/ablation.py --rungs naive-grpo dapo --seeds 1 --max-generated 8192   # a quick look
+
+Each run is its own process with its own local Ray cluster, one after another; its result is kept in
+`<out>/runs/<rung>-s<seed>.json` (`--out`: runs/ablation), so an interrupted ladder resumes where it
+stopped. The table goes to stdout and `<out>/ablation.md`, the plots (held-out accuracy, entropy and
+response length against generated responses: mean and min-max over seeds) to `<out>/ablation.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from dapo_ray.ablation import LADDER, overrides_for  # noqa: E402
+
+CONFIG = ROOT / "workflows/configs/tiny_cpu_reasoning.yaml"
+RUNGS = [name for name, _ in LADDER]
+
+
+def run_one(rung: str, seed: int, max_generated: int, eval_every: int, out: Path) -> dict:
+    """One run of the ladder, in this process; returns what the table and plots need."""
+    from dapo_ray.cli import _synthetic_kwargs
+    from dapo_ray.config import load_config
+    from dapo_ray.driver import run
+    from dapo_ray.tiny_model import build_tiny_model
+
+    cfg = load_config(CONFIG, overrides_for(rung) + [
+        f"trainer.seed={seed}", f"data.seed={seed}", f"trainer.max_generated={max_generated}",
+        "trainer.total_steps=100000", "trainer.save_every=0", f"eval.every={eval_every}",
+        f"trainer.output_dir={out / 'runs' / f'{rung}-s{seed}'}", "tracking.enabled=false",
+    ])  # fmt: skip
+    build_tiny_model(cfg.rollout.model_path, synthetic=_synthetic_kwargs(cfg))  # seed 0: one start for all
+    summary = run(cfg)
+    steps = [
+        {"step": e["step"], "generated": g, **{k: e["metrics"][k] for k in (
+            "actor/entropy", "response_length/mean", "response_length/clip_ratio", "critic/acc/mean",
+            "timing/step_s")}}
+        for e, g in zip(summary["steps_log"], _cumulative(summary["steps_log"], cfg.rollout.n), strict=True)
+    ]  # fmt: skip
+    evals = [{k: e[k] for k in ("step", "generated", "train_s", "eval/avg_at_k", "eval/pass_at_k")}
+             for e in summary["evals"]]  # fmt: skip
+    return {"rung": rung, "seed": seed, "max_generated": max_generated, "train_s": summary["train_s"],
+            "steps": steps, "evals": evals}  # fmt: skip
+
+
+def _cumulative(steps_log: list[dict], n: int) -> list[int]:
+    total, out = 0, []
+    for e in steps_log:
+        total += e["metrics"]["dynamic_sampling/generated_groups"] * n
+        out.append(total)
+    return out
+
+
+def at(points: list[tuple[float, float]], x: float) -> float:
+    """The value of a step curve at x: the last point at or before x.
+
+    >>> at([(0, 0.1), (10, 0.3), (20, 0.5)], 15)
+    0.3
+    """
+    value = points[0][1]
+    for px, py in points:
+        if px <= x:
+            value = py
+    return value
+
+
+def table(results: list[dict]) -> str:
+    """Per rung: held-out avg@8 at the start, at equal generation (the end) and at equal wall time,
+    mean and spread over seeds, with entropy and length over the last fifth of each run."""
+    by_rung = {r: [x for x in results if x["rung"] == r] for r in RUNGS}
+    by_rung = {r: xs for r, xs in by_rung.items() if xs}
+    equal_time = min(x["evals"][-1]["train_s"] for xs in by_rung.values() for x in xs)
+
+    def fmt(values: list[float]) -> str:
+        mean = statistics.fmean(values)
+        return f"{mean:.1%} ± {statistics.pstdev(values):.1%}" if len(values) > 1 else f"{mean:.1%}"
+
+    lines = [f"| rung | seeds | held-out avg@8 at start | at equal generation | at equal time ({equal_time / 60:.1f} min) "
+             "| steps | entropy (last 20%) | response length (last 20%) | truncated (last 20%) |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for rung, xs in by_rung.items():
+        tail = [s for x in xs for s in x["steps"][-max(1, len(x["steps"]) // 5) :]]
+        lines.append("| " + " | ".join([
+            rung, str(len(xs)),
+            fmt([x["evals"][0]["eval/avg_at_k"] for x in xs]),
+            fmt([x["evals"][-1]["eval/avg_at_k"] for x in xs]),
+            fmt([at([(e["train_s"], e["eval/avg_at_k"]) for e in x["evals"]], equal_time) for x in xs]),
+            f"{statistics.fmean(len(x['steps']) for x in xs):.0f}",
+            f"{statistics.fmean(s['actor/entropy'] for s in tail):.3f}",
+            f"{statistics.fmean(s['response_length/mean'] for s in tail):.1f}",
+            f"{statistics.fmean(s['response_length/clip_ratio'] for s in tail):.1%}",
+        ]) + " |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("held-out avg@8", "evals", "eval/avg_at_k"), ("entropy", "steps", "actor/entropy"),
+              ("response length (tokens)", "steps", "response_length/mean")]  # fmt: skip
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    for ax, (title, series, key) in zip(axes, panels, strict=True):
+        for rung in RUNGS:
+            xs = [x for x in results if x["rung"] == rung]
+            if not xs:
+                continue
+            grid = sorted({p["generated"] for x in xs for p in x[series]})
+            curves = [[at([(p["generated"], p[key]) for p in x[series]], g) for g in grid] for x in xs]
+            mean = [statistics.fmean(c[i] for c in curves) for i in range(len(grid))]
+            ax.plot(grid, mean, label=rung)
+            ax.fill_between(grid, [min(c[i] for c in curves) for i in range(len(grid))],
+                            [max(c[i] for c in curves) for i in range(len(grid))], alpha=0.15)  # fmt: skip
+        ax.set_title(title)
+        ax.set_xlabel("generated responses")
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rungs", nargs="+", default=RUNGS, choices=RUNGS)
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per rung (1, 2, ...)")
+    ap.add_argument("--max-generated", type=int, default=24576, help="generated responses per run")
+    ap.add_argument("--eval-every", type=int, default=10, help="steps between held-out evaluations")
+    ap.add_argument("--out", type=Path, default=ROOT / "runs/ablation")
+    ap.add_argument("--one", nargs=2, metavar=("RUNG", "SEED"), help=argparse.SUPPRESS)  # a child process
+    args = ap.parse_args()
+    out = args.out.resolve()
+    if args.one:
+        rung, seed = args.one[0], int(args.one[1])
+        result = run_one(rung, seed, args.max_generated, args.eval_every, out)
+        (out / "runs" / f"{rung}-s{seed}.json").write_text(json.dumps(result))
+        return 0
+
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    todo = [(rung, seed) for seed in range(1, args.seeds + 1) for rung in args.rungs]
+    t0 = time.time()
+    for i, (rung, seed) in enumerate(todo, 1):
+        done = out / "runs" / f"{rung}-s{seed}.json"
+        if done.exists() and json.loads(done.read_text())["max_generated"] == args.max_generated:
+            print(f"[ablation] {i}/{len(todo)} {rung} seed {seed}: done before", flush=True)
+            continue
+        print(f"[ablation] {i}/{len(todo)} {rung} seed {seed} ({(time.time() - t0) / 60:.0f} min so far)", flush=True)
+        log = out / "runs" / f"{rung}-s{seed}.log"
+        with log.open("w") as f:
+            rc = subprocess.call([sys.executable, __file__, "--one", rung, str(seed), "--out", str(out),
+                                  "--max-generated", str(args.max_generated), "--eval-every", str(args.eval_every)],
+                                 stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)  # fmt: skip
+        if rc != 0:
+            print(f"[ablation] {rung} seed {seed} failed (exit {rc}); see {log}", flush=True)
+            return rc
+        evals = json.loads(done.read_text())["evals"]
+        print(f"[ablation]   held-out avg@8 {evals[0]['eval/avg_at_k']:.1%} -> {evals[-1]['eval/avg_at_k']:.1%}", flush=True)
+
+    results = [json.loads((out / "runs" / f"{r}-s{s}.json").read_text()) for r, s in todo]
+    text = table(results)
+    print(text)
+    (out / "ablation.md").write_text(text + "\n")
+    plot(results, out / "ablation.png")
+    print(f"[ablation] {out / 'ablation.md'}, {out / 'ablation.png'}  ({(time.time() - t0) / 60:.0f} min)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
