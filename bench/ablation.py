@@ -8,7 +8,7 @@ equal generation; the table also gives each rung's accuracy at an equal wall tim
 total). Held-out avg@8 is evaluated every `--eval-every` steps.
 
     python bench/ablation.py                                 # 6 rungs x 3 seeds, about 1.5 h on 2 cores
-    python bench/ablation.py --rungs naive-grpo dapo --seeds 1 --max-generated 8192   # a quick look
+    python bench/ablation.py --rungs naive-grpo dapo --seeds 1 --max-generated 2048   # a quick look
 
 Each run is its own process with its own local Ray cluster, one after another; its result is kept in
 `<out>/runs/<rung>-s<seed>.json` (`--out`: runs/ablation), so an interrupted ladder resumes where it
@@ -42,12 +42,16 @@ def run_one(rung: str, seed: int, max_generated: int, eval_every: int, out: Path
     from dapo_ray.driver import run
     from dapo_ray.tiny_model import build_tiny_model
 
+    base = load_config(CONFIG)
+    # Without dynamic sampling a step generates train_batch_size groups: that many steps fit the budget.
+    steps = -(-max_generated // (base.trainer.train_batch_size * base.rollout.n))
     cfg = load_config(CONFIG, overrides_for(rung) + [
         f"trainer.seed={seed}", f"data.seed={seed}", f"trainer.max_generated={max_generated}",
-        "trainer.total_steps=100000", "trainer.save_every=0", f"eval.every={eval_every}",
+        f"trainer.total_steps={steps}", "trainer.save_every=0", f"eval.every={eval_every}",
         f"trainer.output_dir={out / 'runs' / f'{rung}-s{seed}'}", "tracking.enabled=false",
     ])  # fmt: skip
-    build_tiny_model(cfg.rollout.model_path, synthetic=_synthetic_kwargs(cfg))  # seed 0: one start for all
+    # One start for every run: the demo's model (built with the config's own seed, as `dapo-ray demo` does).
+    build_tiny_model(cfg.rollout.model_path, synthetic=_synthetic_kwargs(cfg), seed=base.trainer.seed)
     summary = run(cfg)
     steps = [
         {"step": e["step"], "generated": g, **{k: e["metrics"][k] for k in (
@@ -142,7 +146,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rungs", nargs="+", default=RUNGS, choices=RUNGS)
     ap.add_argument("--seeds", type=int, default=3, help="seeds per rung (1, 2, ...)")
-    ap.add_argument("--max-generated", type=int, default=24576, help="generated responses per run")
+    ap.add_argument("--max-generated", type=int, default=12288, help="generated responses per run")
     ap.add_argument("--eval-every", type=int, default=10, help="steps between held-out evaluations")
     ap.add_argument("--out", type=Path, default=ROOT / "runs/ablation")
     ap.add_argument("--one", nargs=2, metavar=("RUNG", "SEED"), help=argparse.SUPPRESS)  # a child process
