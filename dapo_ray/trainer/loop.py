@@ -283,10 +283,17 @@ def train_loop(params: dict) -> None:
     step, driver_state = 0, None
     ckpt = ray.train.get_checkpoint()
     if ckpt is not None:
-        with ckpt.as_directory() as d:
-            engine.load_checkpoint(d, tag="ckpt", load_module_strict=True)
-            driver_state = json.loads((Path(d) / "driver_state.json").read_text())
+        # Each worker restores from its own download: `as_directory()` shares one download among the
+        # workers of a node, and a worker that takes its lock after another finished downloads again,
+        # over the files the other is reading (a truncated ZeRO shard on resume from object storage).
+        d = Path(tempfile.mkdtemp(prefix="dapo-restore-"))
+        try:
+            ckpt.to_directory(str(d))
+            engine.load_checkpoint(str(d), tag="ckpt", load_module_strict=True)
+            driver_state = json.loads((d / "driver_state.json").read_text())
             step = driver_state["step"]
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
     publish_weights(engine, step, store, t.zero_stage, rank)
     if rank == 0:
         ray.get(channel.put_result.remote({"kind": "ready", "step": step, "driver_state": driver_state}))
