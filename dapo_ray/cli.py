@@ -85,7 +85,8 @@ def _demo(args: argparse.Namespace) -> int:
     if before and after:
         print(f"\nheld-out avg@{k}: {before['eval/avg_at_k']:.1%} before -> {after['eval/avg_at_k']:.1%} after "
               f"{summary['steps']} DAPO steps ({summary['train_s'] / 60:.1f} min of training)")  # fmt: skip
-        print("accuracy against training time: " + ", ".join(f"{t / 60:.1f} min {a:.0%}" for t, a in summary["curve"]))
+        print("accuracy against training time: " + ", ".join(
+            f"{e['train_s'] / 60:.1f} min {e['eval/avg_at_k']:.0%}" for e in summary["evals"]))
     return 0
 
 

@@ -234,7 +234,7 @@ class Stack:
 
 
 def run(cfg: Config) -> dict:
-    """Train with DAPO as configured; returns a summary (eval before/after, curve, sync history)."""
+    """Train with DAPO as configured; returns a summary (eval before/after, each evaluation's step, generation and time, sync history)."""
     from transformers import AutoTokenizer
 
     t_start = time.time()
@@ -280,11 +280,10 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
                       cfg.flat(), resume=step > 0, config_yaml=cfg.to_yaml(),
                       system_metrics=cfg.tracking.system_metrics)  # fmt: skip
     exported = DriverMetrics(cfg.tracking.ray_metrics, run_name(cfg))
-    summary: dict = {"start_step": step, "start_cursor": cursor.state_dict(), "curve": [], "evals": [],
-                     "steps_log": [], "empty_step_draws": []}  # fmt: skip
+    summary: dict = {"start_step": step, "start_cursor": cursor.state_dict(), "evals": [], "steps_log": [],
+                     "empty_step_draws": []}  # fmt: skip
 
     def evaluated(ev: dict, train_s: float) -> None:  # the held-out curve against time, step and generation
-        summary["curve"].append((train_s, ev["eval/avg_at_k"]))
         summary["evals"].append({"step": step, "train_s": train_s, "generated": totals["generated_groups"] * r.n, **ev})
 
     if step == 0 and eval_rows:
