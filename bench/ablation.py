@@ -37,10 +37,9 @@ RUNGS = [name for name, _ in LADDER]
 
 def run_one(rung: str, seed: int, max_generated: int, eval_every: int, out: Path) -> dict:
     """One run of the ladder, in this process; returns what the table and plots need."""
-    from dapo_ray.cli import _synthetic_kwargs
     from dapo_ray.config import load_config
     from dapo_ray.driver import run
-    from dapo_ray.tiny_model import build_tiny_model
+    from dapo_ray.tiny_model import build_for
 
     base = load_config(CONFIG)
     # Without dynamic sampling a step generates train_batch_size groups: that many steps fit the budget.
@@ -51,7 +50,7 @@ def run_one(rung: str, seed: int, max_generated: int, eval_every: int, out: Path
         f"trainer.output_dir={out / 'runs' / f'{rung}-s{seed}'}", "tracking.enabled=false",
     ])  # fmt: skip
     # One start for every run: the demo's model (built with the config's own seed, as `dapo-ray demo` does).
-    build_tiny_model(cfg.rollout.model_path, synthetic=_synthetic_kwargs(cfg), seed=base.trainer.seed)
+    build_for(base)
     summary = run(cfg)
     steps = [
         {"step": e["step"], "generated": g, **{k: e["metrics"][k] for k in (

@@ -19,7 +19,6 @@ of the machine's load affects both alike.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -44,11 +43,11 @@ def main() -> None:
     from dapo_ray.driver import _absolute_paths, _init_ray, _scoring, prepare_prompts
     from dapo_ray.pipeline import SamplingSpec, _call_replica, generate_round, score_group
     from dapo_ray.rollout.deployment import APP_NAME, deploy_rollout
-    from dapo_ray.tiny_model import build_tiny_model
+    from dapo_ray.tiny_model import build_for
     from dapo_ray.weights import create_store
 
     cfg = load_config(args.config)
-    build_tiny_model(cfg.rollout.model_path, synthetic=dataclasses.asdict(cfg.data.synthetic), seed=cfg.trainer.seed)
+    build_for(cfg)
     cfg = _absolute_paths(cfg)
     _init_ray(cfg)
     tok = AutoTokenizer.from_pretrained(cfg.rollout.model_path)

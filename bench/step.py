@@ -20,7 +20,6 @@ measured, not assumed. The first `--warmup` steps of each run are left out of th
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import tempfile
 import time
@@ -60,10 +59,10 @@ def main() -> None:
     args = ap.parse_args()
 
     from dapo_ray.config import load_config
-    from dapo_ray.tiny_model import build_tiny_model
+    from dapo_ray.tiny_model import build_for
 
     cfg = load_config(args.config)
-    build_tiny_model(cfg.rollout.model_path, synthetic=dataclasses.asdict(cfg.data.synthetic), seed=cfg.trainer.seed)
+    build_for(cfg)
     lags = [int(x) for x in args.lags.split(",")]
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:

@@ -50,10 +50,10 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
-    from dapo_ray.tiny_model import build_tiny_model
+    from dapo_ray.tiny_model import build_for
 
     cfg = load_config(args.config, args.overrides)
-    build_tiny_model(cfg.rollout.model_path, synthetic=_synthetic_kwargs(cfg), seed=cfg.trainer.seed)
+    build_for(cfg)
     return 0
 
 
@@ -75,10 +75,10 @@ def _train(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     """Build the tiny model if missing, evaluate, train with DAPO, evaluate again."""
     from dapo_ray.driver import run
-    from dapo_ray.tiny_model import build_tiny_model
+    from dapo_ray.tiny_model import build_for
 
     cfg = load_config(args.config, args.overrides)
-    build_tiny_model(cfg.rollout.model_path, synthetic=_synthetic_kwargs(cfg), seed=cfg.trainer.seed)
+    build_for(cfg)
     summary = run(cfg)
     before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
     k = cfg.eval.n

@@ -51,6 +51,23 @@ class SyntheticConfig:
 
 
 @dataclass(frozen=True)
+class WarmupConfig:
+    """The supervised warm-up of the tiny model that `dapo-ray demo` builds for the synthetic task."""
+
+    target_acc: float = 0.10
+    """Stop once sampled (temperature 1) accuracy on held-out problems reaches this: RL needs groups with
+    both successes and failures."""
+    label_smoothing: float = 0.0
+    """Label smoothing of the warm-up's cross-entropy. A smoothed model learns the procedure (its greedy
+    answers are mostly right) but keeps some probability on every other token, so a sample at
+    temperature 1 slips somewhere in a long scratchpad: the start RL sharpens, as it does a base model."""
+    max_s: float = 240.0
+    """Give up waiting for `target_acc` after this many seconds of warm-up, and keep the model."""
+    eval_every: int = 25
+    """Warm-up steps (of 64 reference solutions) between measurements of the sampled accuracy."""
+
+
+@dataclass(frozen=True)
 class DataConfig:
     source: Literal["files", "synthetic"] = "files"
     """Where training prompts come from: `train_files`, or the synthetic arithmetic generator."""
@@ -70,6 +87,8 @@ class DataConfig:
     """Prompts longer than this many tokens are dropped (and counted)."""
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     """The synthetic task, used when `source: synthetic` and by the CPU demo."""
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    """How `dapo-ray demo` warms up the tiny model it builds for the synthetic task."""
 
 
 @dataclass(frozen=True)
@@ -489,6 +508,10 @@ def validate(cfg: Config) -> None:
           f"algorithm.carry_over needs algorithm.max_policy_lag >= 2 (got {a.max_policy_lag}): surplus groups are "
           "two policy versions old by the step that could use them, so every one would be dropped as stale; "
           "set carry_over: false (as verl) or max_policy_lag: 2")  # fmt: skip
+    w = cfg.data.warmup
+    check(0.0 <= w.label_smoothing < 1.0, f"data.warmup.label_smoothing must be in [0, 1), got {w.label_smoothing}")
+    check(0.0 < w.target_acc <= 1.0, f"data.warmup.target_acc must be in (0, 1], got {w.target_acc}")
+    check(w.eval_every >= 1, f"data.warmup.eval_every must be >= 1, got {w.eval_every}")
     check(t.ppo_epochs >= 1, f"trainer.ppo_epochs must be >= 1, got {t.ppo_epochs}")
     check(t.max_skipped_updates >= 1, f"trainer.max_skipped_updates must be >= 1, got {t.max_skipped_updates}")
     check(t.logprob_chunk_size >= 1, f"trainer.logprob_chunk_size must be >= 1, got {t.logprob_chunk_size}")

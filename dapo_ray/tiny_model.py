@@ -10,7 +10,9 @@
 3. a brief supervised warm-up on the synthetic task's training split (`synthetic`: the keyword
    arguments of `data.synthetic_prompts`, the same as the RL run's, so held-out problems stay unseen), stopped as soon as the
    sampled accuracy on held-out problems reaches `target_acc` (RL needs groups with both successes and
-   failures, so the model must start low but above zero).
+   failures, so the model must start low but above zero). With `label_smoothing` the model learns the
+   procedure while keeping probability on other tokens: greedy answers mostly right, samples slipping
+   somewhere in a long scratchpad (`data.warmup` of the reasoning config).
 
 The directory is a normal HF model directory that vLLM and transformers load. It is cached: a second
 call with the same arguments returns at once.
@@ -111,8 +113,12 @@ def _sft_batch(tokenizer, rows: list[PromptRow]) -> tuple[torch.Tensor, torch.Te
 
 
 @torch.no_grad()
-def sampled_accuracy(model, tokenizer, rows: list[PromptRow], samples: int, max_new_tokens: int, seed: int = 0) -> float:
-    """Mean correctness of `samples` temperature-1 samples per problem (avg@samples), HF generation."""
+def sampled_accuracy(
+    model, tokenizer, rows: list[PromptRow], samples: int, max_new_tokens: int, seed: int = 0, greedy: bool = False
+) -> float:
+    """Mean correctness of `samples` temperature-1 samples per problem (avg@samples), HF generation, from the
+    whole distribution (`top_k=0`: HF's default would cut it to the 50 likeliest tokens); with `greedy`, of
+    the one greedy answer per problem."""
     torch.manual_seed(seed)
     tokenizer.padding_side = "left"
     correct = total = 0
@@ -121,12 +127,13 @@ def sampled_accuracy(model, tokenizer, rows: list[PromptRow], samples: int, max_
         chunk = rows[i : i + 32]
         enc = tokenizer([prompt_text(tokenizer, r) for r in chunk], return_tensors="pt", padding=True)
         out = model.generate(
-            **enc, do_sample=True, temperature=1.0, top_p=1.0, max_new_tokens=max_new_tokens,
-            num_return_sequences=samples, pad_token_id=tokenizer.pad_token_id,
+            **enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+            **({"do_sample": False} if greedy else {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
+                                                   "num_return_sequences": samples}),
         )  # fmt: skip
         texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         for j, text in enumerate(texts):
-            correct += compute_score(text, chunk[j // samples]["ground_truth"])["acc"]
+            correct += compute_score(text, chunk[j // (1 if greedy else samples)]["ground_truth"])["acc"]
             total += 1
     model.train()
     return correct / total
@@ -138,6 +145,8 @@ def build_tiny_model(
     synthetic: dict | None = None,
     target_acc: float = 0.10,
     max_warmup_s: float = 240.0,
+    label_smoothing: float = 0.0,
+    eval_every: int = 25,
     seed: int = 0,
     log=None,
 ) -> Path:
@@ -148,6 +157,8 @@ def build_tiny_model(
     out = Path(out_dir)
     synthetic = dict(synthetic or {})
     spec = dict(synthetic=synthetic, target_acc=target_acc, seed=seed, version=1)
+    if label_smoothing or eval_every != 25:  # (the short demo's spec, and so its cached model, as before)
+        spec.update(label_smoothing=label_smoothing, eval_every=eval_every)
     stamp = out / "dapo_ray_tiny.json"
     if stamp.exists() and json.loads(stamp.read_text()).get("spec") == spec:
         log(f"[tiny-model] reusing {out}")
@@ -160,15 +171,21 @@ def build_tiny_model(
     # The same split as the training run, so the held-out problems stay unseen by warm-up too.
     train, held_out = synthetic_prompts(**synthetic)
     max_new = max(len(r["solution"]) for r in train) + 4
-    log(f"[tiny-model] Qwen2, {n_params / 1e6:.2f}M parameters, vocab {len(tokenizer)}; supervised warm-up "
+    smoothing = f", label smoothing {label_smoothing}" if label_smoothing else ""
+    log(f"[tiny-model] Qwen2, {n_params / 1e6:.2f}M parameters, vocab {len(tokenizer)}; supervised warm-up{smoothing} "
         f"until sampled accuracy >= {target_acc:.0%} (at most {max_warmup_s:.0f}s)")  # fmt: skip
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     rng = random.Random(seed)
     t0, step, acc = time.time(), 0, 0.0
     while time.time() - t0 < max_warmup_s:
-        for _ in range(25):
+        for _ in range(eval_every):
             ids, att, lab = _sft_batch(tokenizer, rng.sample(train, 64))
-            loss = model(input_ids=ids, attention_mask=att, labels=lab).loss
+            if label_smoothing:
+                logits = model(input_ids=ids, attention_mask=att).logits[:, :-1]
+                loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), lab[:, 1:].flatten(),
+                                                         label_smoothing=label_smoothing)  # fmt: skip
+            else:
+                loss = model(input_ids=ids, attention_mask=att, labels=lab).loss
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
@@ -181,6 +198,20 @@ def build_tiny_model(
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    stamp.write_text(json.dumps({"spec": spec, "warmup_steps": step, "sampled_accuracy": acc}, indent=1))
-    log(f"[tiny-model] saved {out} after {step} warm-up steps ({time.time() - t0:.0f}s), sampled accuracy {acc:.1%}")
+    greedy = sampled_accuracy(model, tokenizer, held_out[:64], samples=1, max_new_tokens=max_new, greedy=True)
+    stamp.write_text(json.dumps({"spec": spec, "warmup_steps": step, "sampled_accuracy": acc,
+                                 "greedy_accuracy": greedy}, indent=1))  # fmt: skip
+    log(f"[tiny-model] saved {out} after {step} warm-up steps ({time.time() - t0:.0f}s): sampled accuracy {acc:.1%}, "
+        f"greedy {greedy:.1%}")  # fmt: skip
     return out
+
+
+def build_for(cfg, log=None) -> Path:
+    """`build_tiny_model` for a workflow config: its `rollout.model_path`, synthetic task (`data.synthetic`),
+    warm-up (`data.warmup`) and seed (`trainer.seed`)."""
+    import dataclasses
+
+    w = cfg.data.warmup
+    return build_tiny_model(cfg.rollout.model_path, synthetic=dataclasses.asdict(cfg.data.synthetic),
+                            target_acc=w.target_acc, max_warmup_s=w.max_s, label_smoothing=w.label_smoothing,
+                            eval_every=w.eval_every, seed=cfg.trainer.seed, log=log)  # fmt: skip

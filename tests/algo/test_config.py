@@ -76,6 +76,10 @@ def test_bad_types_and_cross_field_checks():
     with pytest.raises(ConfigError, match=r"carry_over needs algorithm\.max_policy_lag >= 2"):
         load_config(overrides=["data.source=synthetic", "algorithm.carry_over=true", "algorithm.max_policy_lag=1"])
     load_config(overrides=["data.source=synthetic", "algorithm.carry_over=true", "algorithm.max_policy_lag=2"])
+    with pytest.raises(ConfigError, match=r"data\.warmup\.label_smoothing must be in \[0, 1\), got 1.0"):
+        load_config(overrides=["data.source=synthetic", "data.warmup.label_smoothing=1.0"])
+    with pytest.raises(ConfigError, match=r"data\.warmup\.target_acc must be in \(0, 1\]"):
+        load_config(overrides=["data.source=synthetic", "data.warmup.target_acc=0"])
 
 
 def test_an_autoscaling_window_shorter_than_serves_reports_is_refused(monkeypatch):
