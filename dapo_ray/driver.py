@@ -281,13 +281,20 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
                       system_metrics=cfg.tracking.system_metrics)  # fmt: skip
     exported = DriverMetrics(cfg.tracking.ray_metrics, run_name(cfg))
     summary: dict = {"start_step": step, "start_cursor": cursor.state_dict(), "evals": [], "steps_log": [],
-                     "empty_step_draws": []}  # fmt: skip
+                     "empty_step_draws": [], "eval_s": 0.0}  # fmt: skip
+
+    def evaluate_now() -> dict:  # sums the time spent evaluating after training started (train_s includes it)
+        t0 = time.time()
+        ev = evaluate(cfg, eval_rows, stack.app, concurrency)
+        summary["eval_s"] += time.time() - t0
+        return ev
 
     def evaluated(ev: dict, train_s: float) -> None:  # the held-out curve against time, step and generation
-        summary["evals"].append({"step": step, "train_s": train_s, "generated": totals["generated_groups"] * r.n, **ev})
+        summary["evals"].append({"step": step, "train_s": train_s, "eval_s": summary["eval_s"],
+                                 "generated": totals["generated_groups"] * r.n, **ev})  # fmt: skip
 
     if step == 0 and eval_rows:
-        ev = evaluate(cfg, eval_rows, stack.app, concurrency)
+        ev = evaluate(cfg, eval_rows, stack.app, concurrency)  # before the training clock starts
         summary["eval_before"] = ev
         evaluated(ev, 0.0)
         tracker.log(ev, step=0)
@@ -400,7 +407,7 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
 
             # 4. Evaluate every eval.every steps.
             if eval_rows and cfg.eval.every and step % cfg.eval.every == 0 and step < t.total_steps:
-                ev = evaluate(cfg, eval_rows, stack.app, concurrency)
+                ev = evaluate_now()
                 tracker.log(ev, step=step)
                 exported.record(ev, step=step)
                 evaluated(ev, time.time() - t_train)
@@ -418,7 +425,7 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
         f"{totals['rounds']} rounds; {totals['partial_steps']} partial and {totals['skipped_steps']} skipped steps; "
         f"{totals.get('stale_dropped', 0)} carried groups dropped as older than max_policy_lag")
     if eval_rows:
-        ev = evaluate(cfg, eval_rows, stack.app, concurrency)
+        ev = evaluate_now()
         summary["eval_after"] = ev
         evaluated(ev, time.time() - t_train)
         tracker.log(ev, step=step)

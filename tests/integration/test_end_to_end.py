@@ -93,6 +93,10 @@ def test_max_policy_lag_0_trains_strictly_on_policy_and_stops_at_the_generation_
     assert summary["steps"] in (1, 2) and generated[-1] >= budget
     assert all(g < budget for g in generated[:-1])  # it stopped at the first step past the budget
     assert [(e["step"], e["generated"]) for e in summary["evals"]] == [(0, 0), (summary["steps"], generated[-1])]
+    # The clock of the evaluations: none before training, the final one's time inside train_s.
+    before, final = summary["evals"]
+    assert before["train_s"] == before["eval_s"] == 0.0
+    assert 0.0 < final["eval_s"] == summary["eval_s"] < final["train_s"]
     for entry in summary["steps_log"]:
         m = entry["metrics"]
         assert m["rollout/policy_version_lag_max"] == 0 and m["actor/off_policy_token_frac"] == 0.0
