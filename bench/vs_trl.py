@@ -1,0 +1,281 @@
+"""dapo-ray against TRL's `GRPOTrainer`, side by side on one machine: the same model directory,
+train/held-out split, verifier, group size, prompts per step, mini-batch, lengths, learning rate and
+warm-up.
+
+    pip install -e '.[bench]'                # TRL: a dependency of this bench only
+    python bench/vs_trl.py                   # (a) the demo: 0.6M model, short answers, accuracy against time
+    python bench/vs_trl.py --setting large   # (b) a 23M model, 128-token responses: throughput
+
+Each side runs in its own process, one after the other (TRL first), and writes `<out>/<setting>-<side>.json`;
+the comparison goes to stdout and `<out>/<setting>.md` (`--out`: runs/vs_trl).
+
+dapo-ray runs a workflow config (`tiny_cpu.yaml` for (a), as `make demo` does: the full recipe with
+dynamic sampling and generation overlapped with training). TRL runs `GRPOTrainer` with the same
+settings read from that config: `loss_type="dapo"` (token-level loss), `epsilon`/`epsilon_high`
+(clip-higher), `mask_truncated_completions` (overlong filtering), `beta=0` (no KL), the soft overlong
+punishment as a second reward function (TRL's `get_soft_overlong_punishment`, Eq. 13), generation with
+HF `generate` (TRL's vLLM path needs CUDA), model and tokenizer passed as objects. One dapo-ray step is
+`train_batch_size` kept groups of n; TRL generates the same number of completions per step
+(`generation_batch_size`) and takes the same optimizer steps on them (mini-batch by gradient
+accumulation over micro-batches). TRL has no dynamic sampling: it trains on every group, including
+those whose rewards are all equal (zero advantage, only the clip and length terms move).
+
+(a) Held-out avg@8 on the config's 64 held-out problems, temperature 1, every `--eval-every` steps:
+dapo-ray with its own evaluation (vLLM), TRL with HF `generate` (`tiny_model.sampled_accuracy`). Time spent
+evaluating is taken off both clocks. Printed: completions/s, seconds per step, the accuracy curve against
+training time, and the time each side needs to reach the best accuracy both sides reach.
+
+(b) Throughput only: the 23M-parameter random model of `bench/rollout.py` (EOS suppressed, so every
+response is `max_response_length` = 128 tokens) on the reasoning flavour's prompts, 8 prompts x n 8 per
+step, no dynamic sampling (a random model scores -1 everywhere, so every group would be filtered):
+completions/s and seconds per step over `--large-steps` steps after the first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+DEMO = ROOT / "workflows/configs/tiny_cpu.yaml"
+REASONING = ROOT / "workflows/configs/tiny_cpu_reasoning.yaml"
+
+
+def config(a: argparse.Namespace, out: Path):
+    """The workflow config both sides read, with the bench's overrides."""
+    from dapo_ray.config import load_config
+
+    common = [f"trainer.output_dir={out / 'dapo-ray'}", "tracking.enabled=false", "trainer.save_every=0"]
+    if a.setting == "demo":
+        return load_config(DEMO, common + [f"trainer.total_steps={a.steps}", f"eval.every={a.eval_every}"])
+    return load_config(REASONING, common + [
+        f"rollout.model_path={out / 'model-23m'}", "rollout.max_response_length=128",
+        f"trainer.total_steps={a.large_steps + 1}", "trainer.train_batch_size=8", "trainer.gen_batch_size=8",
+        "rollout.n=8", "trainer.mini_batch_size=64", "trainer.micro_batch_size=16",
+        "algorithm.dynamic_sampling=false", "eval.every=0", "data.synthetic.num_eval=8",
+    ])  # fmt: skip
+
+
+def model_dir(a: argparse.Namespace, cfg, out: Path) -> Path:
+    """Build the model both sides start from, once."""
+    if a.setting == "demo":
+        from dapo_ray.tiny_model import build_for
+
+        return build_for(cfg)
+    import rollout as rollout_bench
+
+    path = Path(cfg.rollout.model_path)
+    if not (path / "config.json").exists():
+        rollout_bench.build_model("large", path, max_len=512)
+    return path
+
+
+# ---------------------------------------------------------------- the two sides (child processes)
+
+
+def side_dapo(a: argparse.Namespace, cfg) -> dict:
+    from dapo_ray.driver import run
+
+    shutil.rmtree(cfg.trainer.output_dir, ignore_errors=True)  # a fresh run, not a resume
+    summary = run(cfg)
+    step_s = [e["metrics"]["timing/step_s"] for e in summary["steps_log"][1:]]
+    return {
+        "steps": summary["steps"], "time_s": summary["train_s"] - summary["eval_s"],
+        "generated": summary["totals"]["generated_groups"] * cfg.rollout.n,
+        "trained": summary["totals"]["kept_groups"] * cfg.rollout.n,
+        "step_s": statistics.median(step_s) if step_s else None,
+        "evals": [{"step": e["step"], "time_s": e["train_s"] - e["eval_s"], "avg_at_8": e["eval/avg_at_k"]}
+                  for e in summary["evals"]],
+    }  # fmt: skip
+
+
+def side_trl(a: argparse.Namespace, cfg, path: Path) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+    from trl.rewards import get_soft_overlong_punishment
+
+    from dapo_ray.algo.reward import compute_score
+    from dapo_ray.data import synthetic_prompts
+    from dapo_ray.tiny_model import sampled_accuracy
+
+    t, al, r = cfg.trainer, cfg.algorithm, cfg.rollout
+    train, held_out = synthetic_prompts(**dataclasses.asdict(cfg.data.synthetic))
+    per_step = t.train_batch_size * r.n  # completions generated per step
+    updates = per_step // t.mini_batch_size  # optimizer steps per step
+    steps = a.steps if a.setting == "demo" else a.large_steps + 1
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    eval_tokenizer = AutoTokenizer.from_pretrained(path)  # sampled_accuracy sets its padding side
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+    def correctness(completions, ground_truth, **_) -> list[float]:
+        return [compute_score(c[0]["content"], gt, cfg.reward.mode)["score"]
+                for c, gt in zip(completions, ground_truth, strict=True)]  # fmt: skip
+
+    rewards = [correctness]
+    if al.soft_overlong:
+        rewards.append(get_soft_overlong_punishment(r.max_response_length, al.overlong_cache_length))
+    if al.loss_agg_mode != "token-mean":
+        raise SystemExit(f"TRL's dapo loss is token-mean; the config has {al.loss_agg_mode}")
+    args = GRPOConfig(
+        output_dir=str(Path(t.output_dir).parent / "trl"), report_to="none", save_strategy="no",
+        disable_tqdm=True, logging_steps=10 * updates, use_cpu=True, bf16=False, seed=t.seed,
+        num_generations=r.n, generation_batch_size=per_step, per_device_train_batch_size=t.micro_batch_size,
+        gradient_accumulation_steps=t.mini_batch_size // t.micro_batch_size, num_iterations=1,
+        max_steps=steps * updates, max_completion_length=r.max_response_length,
+        temperature=r.temperature, top_p=r.top_p, top_k=0,
+        learning_rate=t.lr, lr_scheduler_type="constant_with_warmup", warmup_steps=t.warmup_steps * updates,
+        weight_decay=t.weight_decay, adam_beta1=t.betas[0], adam_beta2=t.betas[1], max_grad_norm=t.grad_clip,
+        loss_type="dapo", beta=0.0, epsilon=al.eps_low, epsilon_high=al.eps_high,
+        mask_truncated_completions=al.overlong_filter, scale_rewards="group",
+    )  # fmt: skip
+    data = Dataset.from_list(
+        [{"prompt": row["messages"], "ground_truth": row["ground_truth"]} for row in train]
+    )
+
+    class Clock(TrainerCallback):
+        """Step ends and held-out evaluations on a clock that stops while evaluating."""
+
+        def __init__(self) -> None:
+            self.t0, self.eval_s, self.step_ends, self.evals = 0.0, 0.0, [], []
+
+        def now(self) -> float:
+            return time.time() - self.t0 - self.eval_s
+
+        def evaluate(self, step: int, model) -> None:
+            t0 = time.time()
+            acc = sampled_accuracy(model, eval_tokenizer, held_out, samples=a.k, max_new_tokens=r.max_response_length,
+                                   seed=step)  # fmt: skip
+            self.eval_s += time.time() - t0
+            self.evals.append({"step": step, "time_s": self.now(), "avg_at_8": acc})
+            print(f"[trl] step {step}: held-out avg@{a.k} {acc:.1%} at {self.now():.0f}s", flush=True)
+
+        def on_train_begin(self, args, state, control, model=None, **_):
+            self.t0 = time.time()
+            if a.setting == "demo":
+                self.evaluate(0, model)
+                self.evals[0]["time_s"] = 0.0
+            self.t0, self.eval_s = time.time(), 0.0
+
+        def on_step_end(self, args, state, control, model=None, **_):
+            if state.global_step % updates:
+                return
+            step = state.global_step // updates
+            self.step_ends.append(self.now())
+            if a.setting == "demo" and (step % a.eval_every == 0 or step == steps):
+                self.evaluate(step, model)
+
+    clock = Clock()
+    trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=rewards, args=args,
+                          train_dataset=data, callbacks=[clock])  # fmt: skip
+    trainer.train()
+    gaps = [b - a_ for a_, b in zip(clock.step_ends, clock.step_ends[1:], strict=False)]
+    return {"steps": steps, "time_s": clock.step_ends[-1], "generated": steps * per_step, "trained": steps * per_step,
+            "step_s": statistics.median(gaps) if gaps else None, "evals": clock.evals}  # fmt: skip
+
+
+# ---------------------------------------------------------------- the comparison (parent process)
+
+
+def first_time(evals: list[dict], target: float) -> float | None:
+    """Training time of the first evaluation at or above `target`.
+
+    >>> first_time([{"time_s": 0, "avg_at_8": 0.1}, {"time_s": 60, "avg_at_8": 0.4}], 0.3)
+    60
+    """
+    return next((e["time_s"] for e in evals if e["avg_at_8"] >= target), None)
+
+
+def report(a: argparse.Namespace, res: dict[str, dict], cfg) -> str:
+    d, t = res["dapo-ray"], res["trl"]
+
+    def ratio(x: float | None, y: float | None) -> str:
+        return f"{x / y:.2f}x" if x and y else "-"
+
+    per_step = cfg.trainer.train_batch_size * cfg.rollout.n  # trained per step, on both sides
+    rows = [("completions generated per second (whole run)", d["generated"] / d["time_s"], t["generated"] / t["time_s"]),
+            ("completions trained per second (whole run)", d["trained"] / d["time_s"], t["trained"] / t["time_s"]),
+            ("seconds per step (median, first step left out)", d["step_s"], t["step_s"]),
+            ("completions trained per second (steady: per step / median step)", per_step / d["step_s"],
+             per_step / t["step_s"]),
+            ("steps", d["steps"], t["steps"]), ("training time, s", d["time_s"], t["time_s"])]  # fmt: skip
+    lines = ["| | dapo-ray | TRL | dapo-ray / TRL |", "|---|---|---|---|"]
+
+    def num(x: float | int | None) -> str:
+        return "-" if x is None else f"{x:,}" if isinstance(x, int) else f"{x:,.2f}"
+
+    lines += [f"| {name} | {num(x)} | {num(y)} | {ratio(x, y)} |" for name, x, y in rows]
+    if a.setting == "demo":
+        target = min(max(e["avg_at_8"] for e in d["evals"]), max(e["avg_at_8"] for e in t["evals"]))
+        td, tt = first_time(d["evals"], target), first_time(t["evals"], target)
+        lines += [
+            f"| held-out avg@{a.k} at start / end | {d['evals'][0]['avg_at_8']:.1%} / {d['evals'][-1]['avg_at_8']:.1%} "
+            f"| {t['evals'][0]['avg_at_8']:.1%} / {t['evals'][-1]['avg_at_8']:.1%} | |",
+            f"| training time to reach {target:.1%} (the best both reach), s | {td:,.0f} | {tt:,.0f} "
+            f"| {ratio(tt, td)} faster |",
+            "", f"Held-out avg@{a.k} against training time (s):", "",
+        ]  # fmt: skip
+        for name, side in (("dapo-ray", d), ("TRL", t)):
+            lines.append(f"- {name}: " + ", ".join(f"step {e['step']} {e['time_s']:.0f}s {e['avg_at_8']:.1%}"
+                                                    for e in side["evals"]))  # fmt: skip
+    r = cfg.rollout
+    lines += ["", f"Per step: {cfg.trainer.train_batch_size} prompts x n {r.n}, responses up to "
+              f"{r.max_response_length} tokens, mini-batch {cfg.trainer.mini_batch_size}, lr {cfg.trainer.lr}."]  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--setting", choices=["demo", "large"], default="demo")
+    ap.add_argument("--steps", type=int, default=300, help="(a) steps per side")
+    ap.add_argument("--eval-every", type=int, default=50, help="(a) steps between held-out evaluations")
+    ap.add_argument("--large-steps", type=int, default=4, help="(b) timed steps per side (one more is run)")
+    ap.add_argument("--k", type=int, default=8, help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, default=ROOT / "runs/vs_trl")
+    ap.add_argument("--side", choices=["dapo-ray", "trl"], help=argparse.SUPPRESS)  # a child process
+    a = ap.parse_args()
+    out = (a.out / a.setting).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = config(a, out)
+    if a.side:
+        path = model_dir(a, cfg, out)
+        result = side_dapo(a, cfg) if a.side == "dapo-ray" else side_trl(a, cfg, path)
+        (out / f"{a.side}.json").write_text(json.dumps(result))
+        return 0
+
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        raise SystemExit("bench/vs_trl.py needs TRL: pip install -e '.[bench]'") from None
+    model_dir(a, cfg, out)  # once, before either side's clock
+    res = {}
+    for side in ("trl", "dapo-ray"):
+        print(f"[vs_trl] {a.setting}: {side} ...", flush=True)
+        t0 = time.time()
+        with (out / f"{side}.log").open("w") as f:
+            rc = subprocess.call([sys.executable, __file__, *sys.argv[1:], "--side", side], stdout=f,
+                                 stderr=subprocess.STDOUT, cwd=ROOT)  # fmt: skip
+        if rc:
+            print(f"[vs_trl] {side} failed (exit {rc}); see {out / f'{side}.log'}", flush=True)
+            return rc
+        res[side] = json.loads((out / f"{side}.json").read_text())
+        print(f"[vs_trl]   {side}: {time.time() - t0:.0f}s in all", flush=True)
+    text = report(a, res, cfg)
+    print(text)
+    (out.parent / f"{a.setting}.md").write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
