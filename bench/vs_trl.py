@@ -114,7 +114,7 @@ def side_trl(a: argparse.Namespace, cfg, path: Path) -> dict:
     train, held_out = synthetic_prompts(**dataclasses.asdict(cfg.data.synthetic))
     per_step = t.train_batch_size * r.n  # completions generated per step
     updates = per_step // t.mini_batch_size  # optimizer steps per step
-    steps = a.steps if a.setting == "demo" else a.large_steps + 1
+    steps = t.total_steps  # the same number of steps as the dapo-ray side
     tokenizer = AutoTokenizer.from_pretrained(path)
     eval_tokenizer = AutoTokenizer.from_pretrained(path)  # sampled_accuracy sets its padding side
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
