@@ -2,6 +2,7 @@
 the added replica samples from the current policy from its first call on, the fleet shrinks back to 1
 when the load drops, and the run's prompt ledger balances throughout."""
 
+import asyncio
 import threading
 import time
 
@@ -22,17 +23,59 @@ pytestmark = pytest.mark.integration
 AUTOSCALING = ["rollout.num_replicas=1", "rollout.min_replicas=1", "rollout.max_replicas=2",
                "rollout.target_ongoing_requests=4", "rollout.upscale_delay_s=1", "rollout.downscale_delay_s=5",
                "rollout.look_back_period_s=12"]  # fmt: skip
-EXTRA_CALLS = 8  # another user's calls in flight on the same deployment: 12 / 4 per replica -> 2 replicas
+# Another user's calls kept in flight on the same deployment: (12 + the run's) / 4 per replica -> 2 replicas.
+# Serve decides on the mean over the look-back window, so the calls come from an asyncio actor of their own
+# that re-issues each the moment it returns: threads of this process, which also runs the driver, left gaps
+# between calls that brought the mean down to 5 with 8 callers, a hair above the threshold of 4.
+EXTRA_CALLS = 12
+
+
+@ray.remote(num_cpus=0)
+class Load:
+    """Keeps `calls` generate calls in flight on the rollout deployment until `stop()`."""
+
+    def __init__(self, calls: int) -> None:
+        self.calls, self.stopping, self.done = calls, False, 0
+
+    async def run(self) -> int:
+        handle = serve.get_deployment_handle("rollout", app_name=APP_NAME)
+
+        async def caller() -> None:
+            while not self.stopping:
+                await handle.generate.remote([[5, 6, 7, 8]] * 16, 8, 1.0, 1.0, 24)
+                self.done += 1
+
+        await asyncio.gather(*(caller() for _ in range(self.calls)))
+        return self.done
+
+    def stop(self) -> None:
+        self.stopping = True
 
 
 def _wait(predicate, timeout_s: float, what: str, done: threading.Event) -> None:
     deadline = time.time() + timeout_s
     while not predicate():
         if done.is_set():
-            raise AssertionError(f"the run ended before {what}")
+            raise AssertionError(f"the run ended before {what}; {_serve_view()}")
         if time.time() > deadline:
-            raise TimeoutError(f"timed out waiting until {what}")
+            raise TimeoutError(f"timed out waiting until {what}; {_serve_view()}")
         time.sleep(0.5)
+
+
+def _serve_view() -> str:
+    """What Serve's controller saw when a wait failed: the replicas by state and the ongoing requests its
+    autoscaler averaged (the figure it compares with target_ongoing_requests x replicas)."""
+    from ray.serve._private.common import DeploymentID
+    from ray.serve.context import _get_global_client
+
+    try:
+        dep = serve.status().applications[APP_NAME].deployments["rollout"]
+        controller = _get_global_client()._controller
+        total = ray.get(controller._get_total_num_requests_for_deployment_for_testing.remote(
+            DeploymentID(name="rollout", app_name=APP_NAME)), timeout=10)  # fmt: skip
+        return f"Serve: {dict(dep.replica_states)}, {dep.status}, ongoing requests averaged {total:.2f}"
+    except Exception as e:  # noqa: BLE001 - a diagnostic only
+        return f"Serve's view unavailable: {e!r}"
 
 
 def _published_version(store_name: str) -> int:
@@ -61,34 +104,25 @@ def test_the_rollout_fleet_follows_the_load_during_training(tiny_model_dir, ray_
 
     trainer = threading.Thread(target=train)
     trainer.start()
-    stop_load = threading.Event()
-    extra: list[threading.Thread] = []
+    load = Load.remote(EXTRA_CALLS)
     fleet: list[tuple[int, int]] = []  # (published version, live replicas), as the test saw it
     try:
         _wait(lambda: _published_version(f"weights-{out.name}") >= 2, 300, "training is under way", done)
         assert _live_replicas() == 1
-        handle = serve.get_deployment_handle("rollout", app_name=APP_NAME)
-
-        def load() -> None:
-            while not stop_load.is_set():
-                handle.generate.remote([[5, 6, 7, 8]] * 16, 8, 1.0, 1.0, 24).result()
-
-        extra = [threading.Thread(target=load) for _ in range(EXTRA_CALLS)]
-        for w in extra:
-            w.start()
+        load_done = load.run.remote()
         _wait(lambda: _live_replicas() == 2, 180, "Serve added a replica under load", done)
         fleet.append((_published_version(f"weights-{out.name}"), 2))
         # Keep the load until the run has synced a few versions with both replicas.
         v = fleet[-1][0]
         _wait(lambda: _published_version(f"weights-{out.name}") >= v + 4, 180, "the run trained on", done)
-        stop_load.set()
-        for w in extra:
-            w.join(timeout=120)
+        ray.get(load.stop.remote())
+        assert ray.get(load_done, timeout=120) > 0
         _wait(lambda: _live_replicas() == 1, 180, "Serve removed the idle replica", done)
         fleet.append((_published_version(f"weights-{out.name}"), 1))
     finally:
-        stop_load.set()
+        ray.get(load.stop.remote())
         trainer.join(timeout=900)
+        ray.kill(load)
     assert "error" not in result, result.get("error")
     summary = result["summary"]
     assert summary["steps"] == 80, "the run must outlast the scale-down"
