@@ -195,7 +195,7 @@ class Reader:
 
     def get_weights(self, store, version: int) -> tuple[float, float]:
         """(fetch seconds, load seconds or 0)."""
-        latest, box = ray.get(store.latest.remote())
+        latest, box, _ = ray.get(store.latest.remote())
         assert latest == version, (latest, version)
         t0 = time.perf_counter()
         tensors = weights.fetch(box)

@@ -235,6 +235,10 @@ class TrainerConfig:
     float32 logits held at once to micro_batch_size x this x vocabulary."""
     save_every: int = 10
     """Checkpoint every this many steps (0: only at the end)."""
+    max_failures: int = 3
+    """Trainer-worker failures survived per run (Ray Train's FailureConfig): the workers restart from
+    the latest checkpoint, the driver goes back to the data cursor and carried groups saved with it, and
+    the replicas to its weights; the steps since that checkpoint are trained again. -1: no limit."""
     output_dir: str = "runs"
     """Where checkpoints and the final model go: a directory (every node must see it on a cluster: a
     shared mount) or object storage, `s3://bucket/prefix` or `gs://...` (see dapo_ray/storage.py). Its
@@ -513,6 +517,7 @@ def validate(cfg: Config) -> None:
     check(0.0 < w.target_acc <= 1.0, f"data.warmup.target_acc must be in (0, 1], got {w.target_acc}")
     check(w.eval_every >= 1, f"data.warmup.eval_every must be >= 1, got {w.eval_every}")
     check(t.ppo_epochs >= 1, f"trainer.ppo_epochs must be >= 1, got {t.ppo_epochs}")
+    check(t.max_failures >= -1, f"trainer.max_failures must be >= -1 (-1: no limit), got {t.max_failures}")
     check(t.max_skipped_updates >= 1, f"trainer.max_skipped_updates must be >= 1, got {t.max_skipped_updates}")
     check(t.logprob_chunk_size >= 1, f"trainer.logprob_chunk_size must be >= 1, got {t.logprob_chunk_size}")
     check(

@@ -7,6 +7,7 @@ Re-running the same command resumes from the last checkpoint (Ray Train's, under
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import os
@@ -182,7 +183,7 @@ class Stack:
                                "final_dir": storage.join(output, "final_model")},
             scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu,
                                          resources_per_worker=_worker_resources(t)),
-            run_config=_run_config(name, storage.join(output, "ray_train")),
+            run_config=_run_config(name, storage.join(output, "ray_train"), t.max_failures),
         )  # fmt: skip
         self.fit_error: list[BaseException] = []
         self.fit_thread = threading.Thread(target=_fit, args=(trainer, self.fit_error), daemon=True)
@@ -190,36 +191,46 @@ class Stack:
         self._ray = ray
 
     def next_result(self, kind: str) -> dict:
-        """The trainer's next message ("ready", "step" or "final"); raises if the trainer died."""
+        """The trainer's next message: `kind` ("ready", "step", "saved" or "final"), or a "ready" from
+        workers that Ray Train restarted from their last checkpoint after one failed. Raises if the
+        trainer stopped (failures beyond trainer.max_failures)."""
         while True:
             res = self._ray.get(self.channel.get_result.remote(5.0))
             if res is not None:
-                if res["kind"] != kind:
+                if res["kind"] not in (kind, "ready"):
                     raise RuntimeError(f"expected a {kind!r} message from the trainer, got {res['kind']!r}")
                 return res
             if not self.fit_thread.is_alive():
                 raise RuntimeError(f"the trainer stopped: {self.fit_error[0] if self.fit_error else 'no error given'}")
 
     def train(self, shards: list, save_state: dict | None) -> dict:
+        """The step's statistics, or "ready" if the workers restarted meanwhile."""
         self._ray.get(self.channel.put_shards.remote([{"minis": s, "save": save_state} for s in shards]))
         return self.next_result("step")
 
-    def save(self, save_state: dict) -> None:
-        """A checkpoint of the current weights and `save_state`, without training."""
+    def save(self, save_state: dict) -> dict:
+        """A checkpoint of the current weights and `save_state`, without training ("saved", or "ready" if
+        the workers restarted meanwhile)."""
         self._ray.get(self.channel.put_shards.remote([{"minis": None, "save": save_state}] * self.num_workers))
-        self.next_result("saved")
+        return self.next_result("saved")
 
     def sync(self, version: int) -> dict[str, int]:
         from dapo_ray.rollout.deployment import wait_synced
 
         return wait_synced(self.store, version, self.sync_timeout_s)
 
-    def finish(self) -> str:
-        """Tell the workers to save the final model and stop; returns its path."""
-        self._ray.get(self.channel.put_shards.remote(None))
-        path = self.next_result("final")["path"]
-        self.fit_thread.join(timeout=120)
-        return path
+    def finish(self, step: int) -> str:
+        """Tell the workers to save the final model and stop; returns its path. Workers restarted meanwhile
+        are told again if they came back at `step` (its checkpoint), else the run must be resumed."""
+        while True:
+            self._ray.get(self.channel.put_shards.remote(None))
+            res = self.next_result("final")
+            if res["kind"] == "final":
+                self.fit_thread.join(timeout=120)
+                return res["path"]
+            if res["step"] != step:
+                raise RuntimeError(f"the trainer workers restarted from the checkpoint of step {res['step']} while "
+                                   f"saving the model of step {step}; run the same command again to resume")  # fmt: skip
 
     def close(self) -> None:
         from ray import serve
@@ -265,23 +276,34 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
     """The RL steps: take a batch -> train -> publish and sync -> evaluate; checkpoints ride along with
     train. The producer samples, scores and filters (the next batch meanwhile, with max_policy_lag >= 1)."""
     t, r = cfg.trainer, cfg.rollout
-    ready = stack.next_result("ready")
-    step = ready["step"]
     totals = {"generated_groups": 0, "kept_groups": 0, "rounds": 0, "partial_steps": 0, "skipped_steps": 0,
               "stale_dropped": 0}  # fmt: skip
+    # What workers restarted before the first checkpoint go back to.
+    start = copy.deepcopy({"cursor": cursor.state_dict(), "filler": filler.state_dict(), "totals": totals})
+
+    def restore(ready: dict) -> int:
+        """Go back to where the (re)started workers are: their checkpoint's step, with the data cursor,
+        carried groups and totals saved with it (the run's start without one), once every replica serves
+        their weights. Returns that step."""
+        nonlocal totals
+        state = copy.deepcopy(ready["driver_state"] or start)
+        cursor.load_state_dict(state["cursor"])
+        filler.load_state_dict(state["filler"])
+        totals = state["totals"]
+        stack.sync(ready["step"])
+        return ready["step"]
+
+    ready = stack.next_result("ready")
+    step = restore(ready)
     if ready["driver_state"]:
-        cursor.load_state_dict(ready["driver_state"]["cursor"])
-        filler.load_state_dict(ready["driver_state"]["filler"])
-        totals = ready["driver_state"]["totals"]
         log(f"resumed from the checkpoint of step {step} (epoch {cursor.epoch}, prompt {cursor.index})")
-    stack.sync(step)
     concurrency = r.max_replicas * 2
     tracker = Tracker(cfg.tracking.enabled, _tracking_uri(cfg), cfg.tracking.experiment, run_name(cfg),
                       cfg.flat(), resume=step > 0, config_yaml=cfg.to_yaml(),
                       system_metrics=cfg.tracking.system_metrics)  # fmt: skip
     exported = DriverMetrics(cfg.tracking.ray_metrics, run_name(cfg))
     summary: dict = {"start_step": step, "start_cursor": cursor.state_dict(), "evals": [], "steps_log": [],
-                     "empty_step_draws": [], "eval_s": 0.0}  # fmt: skip
+                     "empty_step_draws": [], "eval_s": 0.0, "restarts": []}  # fmt: skip
 
     def evaluate_now() -> dict:  # sums the time spent evaluating after training started (train_s includes it)
         t0 = time.time()
@@ -308,7 +330,25 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
         return generate_round(prompts, stack.app, sampling, scoring,
                               prompts_per_call=max(1, len(prompts) // concurrency), max_concurrency=concurrency)  # fmt: skip
 
-    producer = Producer(cursor, filler, rollout, t.gen_batch_size, overlap=cfg.algorithm.max_policy_lag >= 1)
+    def new_producer() -> Producer:
+        return Producer(cursor, filler, rollout, t.gen_batch_size, overlap=cfg.algorithm.max_policy_lag >= 1)
+
+    def restarted(ready: dict) -> int:
+        """Ray Train restarted the workers after one failed: the steps since their checkpoint are trained
+        again, from the prompts and carried groups saved with it. Returns the step to go on from."""
+        nonlocal producer, pace, skip_streak
+        producer.close()  # a prefetch in flight is discarded, as on a resume
+        failed_at = step + 1
+        log(f"a trainer worker failed in step {failed_at}; Ray Train restarted the workers from the checkpoint of "
+            f"step {ready['step']} ({failed_at - 1 - ready['step']} trained step(s) lost, trained again)")  # fmt: skip
+        back_to = restore(ready)
+        summary["restarts"].append({"failed_at_step": failed_at, "resumed_step": back_to, "cursor": cursor.state_dict(),
+                                    "carried_groups": len(filler.state_dict()["kept"])})  # fmt: skip
+        producer, pace, skip_streak = new_producer(), Pace(t.total_steps), 0
+        pace.mark(back_to)
+        return back_to
+
+    producer = new_producer()
     t_train = time.time()
     empty_steps = 0
     pace = Pace(t.total_steps)
@@ -337,7 +377,9 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
             if fill.outcome != "full":
                 log(fill.message)
             if fill.outcome == "stopped":  # checkpoint first: the kept groups and the data cursor survive
-                stack.save(b.state | {"totals": totals})
+                if (res := stack.save(b.state | {"totals": totals}))["kind"] == "ready":
+                    step = restarted(res)
+                    continue
                 log(f"saved a checkpoint at step {step} with {fill.carried_out} kept groups; re-run to resume")
                 summary["stopped"] = {"step": step, "kept_groups": fill.carried_out}
                 break
@@ -358,6 +400,9 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
                                   seed=t.seed + step)  # fmt: skip
             t2 = time.time()
             res = stack.train(shards, b.state | {"totals": totals} if due else None)
+            if res["kind"] == "ready":
+                step = restarted(res)
+                continue
             step = res["step"]
             skip_streak = skip_streak + res["actor/updates"] if res["actor/skipped_updates"] == res["actor/updates"] \
                 else res["skip/trailing"]  # fmt: skip
@@ -418,7 +463,7 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
         _status.close()
         _status = None
 
-    final = stack.finish()
+    final = stack.finish(step)
     summary.update(steps=step, end_cursor=cursor.state_dict(), final_model=final, train_s=time.time() - t_train,
                    totals=totals)  # fmt: skip
     log(f"dynamic sampling over the run: kept {totals['kept_groups']}/{totals['generated_groups']} groups in "
@@ -514,14 +559,16 @@ def _absolute_paths(cfg: Config) -> Config:
     )
 
 
-def _run_config(name: str, location: str):
-    """Ray Train's checkpoints under `location` (a path, or object storage through pyarrow.fs)."""
-    from ray.train import RunConfig
+def _run_config(name: str, location: str, max_failures: int):
+    """Ray Train's checkpoints under `location` (a path, or object storage through pyarrow.fs), and the
+    worker failures it restarts the workers after."""
+    from ray.train import FailureConfig, RunConfig
 
+    failures = FailureConfig(max_failures=max_failures)
     if not storage.is_uri(location):
-        return RunConfig(name=name, storage_path=location)
+        return RunConfig(name=name, storage_path=location, failure_config=failures)
     fs, path = storage.filesystem(location)
-    return RunConfig(name=name, storage_path=path, storage_filesystem=fs)
+    return RunConfig(name=name, storage_path=path, storage_filesystem=fs, failure_config=failures)
 
 
 def _tracking_uri(cfg: Config) -> str:

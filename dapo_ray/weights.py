@@ -6,10 +6,14 @@ Both sides call this module and nothing else of each other:
   array (no copy), `ray.put`s them as one object (numpy arrays go out of band: one copy, straight into
   the object store, and readers map them without copying) and hands the reference to the run's
   `WeightStore` actor;
-* **each replica** `await store.wait_newer.remote(version)`: a long poll that returns the moment a newer
-  version is published (no polling interval on the critical path); `unpack(ray.get(ref))` then yields
+* **each replica** `await store.wait_newer.remote(serial)`: a long poll that returns the moment a newer
+  publish happens (no polling interval on the critical path); `unpack(ray.get(ref))` then yields
   (name, tensor) views of the arrays for vLLM's weight loader. Ray moves the buffer to the replica's node
   (object transfer, no shared file system), once per node however many replicas live there.
+
+Replicas follow the store's publish serial, not the policy version: when Ray Train restarts the trainer
+workers from their last checkpoint, they publish that checkpoint's older version, and every replica
+must go back to it (the versions published after it belong to steps that are trained again).
 
 A replica the autoscaler starts later asks the store for the latest version before its first request,
 so late joiners need nothing pushed to them. The store keeps the last `keep` versions alive (a slow
@@ -78,68 +82,77 @@ def fetch(ref_box: list) -> list[tuple[str, torch.Tensor]]:
 
 @ray.remote(num_cpus=0)
 class WeightStore:
-    """The latest published weights (version, object reference) and the version each replica serves."""
+    """The latest published weights (version, object reference, serial) and what each replica serves."""
 
     def __init__(self, keep: int = 2) -> None:
         self.keep = keep
         self.version = 0
+        self.serial = 0  # publishes so far
         self.refs: dict[int, ray.ObjectRef] = {}
-        self.replicas: dict[str, tuple[int, float]] = {}  # replica -> (version, time of last ack)
+        self.serials: dict[int, int] = {}  # version -> serial of its latest publish
+        self.replicas: dict[str, tuple[int, int, float]] = {}  # replica -> (version, serial, time of last ack)
         self.changed = asyncio.Condition()
 
     async def publish(self, version: int, ref_box: list) -> None:
+        """`version`'s weights; a version older than the latest is a trainer restarted from a checkpoint,
+        and the versions after it are dropped."""
         async with self.changed:
+            self.serial += 1
             self.version = version
             self.refs[version] = ref_box[0]
-            for old in [v for v in self.refs if v <= version - self.keep]:
+            self.serials[version] = self.serial
+            for old in [v for v in self.refs if v <= version - self.keep or v > version]:
                 del self.refs[old]  # the object is freed once no replica still reads it
+            self.serials = {v: s for v, s in self.serials.items() if v <= version}
             self.changed.notify_all()
 
     async def kept(self) -> list[int]:
         """Versions whose weights are still held."""
         return sorted(self.refs)
 
-    async def latest(self) -> tuple[int, list]:
-        """(version, [reference]); ([None] before the first publish)."""
-        return self.version, [self.refs.get(self.version)]
+    async def latest(self) -> tuple[int, list, int]:
+        """(version, [reference], serial); ([None] and serial 0 before the first publish)."""
+        return self.version, [self.refs.get(self.version)], self.serial
 
-    async def wait_newer(self, version: int, timeout_s: float) -> tuple[int, list]:
-        """`latest()` as soon as it is newer than `version`, or after `timeout_s` whatever it is."""
+    async def wait_newer(self, serial: int, timeout_s: float) -> tuple[int, list, int]:
+        """`latest()` as soon as a publish comes after `serial`, or after `timeout_s` whatever it is."""
         async with self.changed:
             try:
-                await asyncio.wait_for(self.changed.wait_for(lambda: self.version > version), timeout_s)
+                await asyncio.wait_for(self.changed.wait_for(lambda: self.serial > serial), timeout_s)
             except TimeoutError:
                 pass
         return await self.latest()
 
-    async def ack(self, replica: str, version: int) -> None:
+    async def ack(self, replica: str, version: int, serial: int) -> None:
         async with self.changed:
-            self.replicas[replica] = (version, time.time())
+            self.replicas[replica] = (version, serial, time.time())
             self.changed.notify_all()
 
     async def replica_versions(self, max_age_s: float = 5.0) -> dict[str, int]:
         """Versions of the replicas heard from in the last `max_age_s` (each acks at least every 2 s), so
         a replica removed by the autoscaler drops out by itself."""
-        return self._live(max_age_s)
+        return {r: v for r, (v, _) in self._live(max_age_s).items()}
 
     async def wait_synced(self, version: int, replicas: int, timeout_s: float) -> dict[str, int] | None:
-        """{replica: version} once at least `replicas` live replicas serve `version` or newer and none
-        serves an older one; None after `timeout_s`."""
+        """{replica: version} once at least `replicas` live replicas serve the latest publish of `version`
+        or a later publish; None after `timeout_s`."""
 
         def synced() -> bool:
             live = self._live()
-            return len(live) >= replicas and all(v >= version for v in live.values())
+            if version in self.serials:
+                return len(live) >= replicas and all(s >= self.serials[version] for _, s in live.values())
+            return len(live) >= replicas and all(v >= version for v, _ in live.values())  # never published here
 
         async with self.changed:
             try:
                 await asyncio.wait_for(self.changed.wait_for(synced), timeout_s)
             except TimeoutError:
                 return None
-        return self._live()
+        return {r: v for r, (v, _) in self._live().items()}
 
-    def _live(self, max_age_s: float = 5.0) -> dict[str, int]:
+    def _live(self, max_age_s: float = 5.0) -> dict[str, tuple[int, int]]:
         now = time.time()
-        return {r: v for r, (v, t) in self.replicas.items() if now - t <= max_age_s}
+        return {r: (v, s) for r, (v, s, t) in self.replicas.items() if now - t <= max_age_s}
 
 
 NAMESPACE = "dapo-ray"

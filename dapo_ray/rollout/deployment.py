@@ -4,7 +4,8 @@ Weights flow one way (see `dapo_ray.weights`): trainer rank 0 publishes each ver
 through the object store. Every replica
 * loads the latest version in its constructor, so one the autoscaler adds serves the current policy
   before its first request;
-* long-polls the store and loads each new version the moment it is published, then acknowledges it;
+* long-polls the store and loads each publish the moment it happens, then acknowledges it (a publish
+  may also take it back to an older version: the trainer restarted from a checkpoint);
 * checks the store again before each generate call, so it never serves a stale policy once a newer one
   is published.
 `wait_synced(version)` returns once every live replica has acknowledged `version`; the driver calls it
@@ -52,28 +53,32 @@ class RolloutServer:
         self.replica_id = f"replica-{uuid.uuid4().hex[:8]}"
         self.metrics = ReplicaMetrics(export_metrics, run, self.replica_id)
         self.load_lock = asyncio.Lock()  # one load at a time
+        self.serial = 0  # the store's publish serial of the weights served (0: the model directory's)
         self.in_flight = 0  # generate calls received and not yet answered
         await self._load(await self.store.latest.remote())  # the current policy before the first request
         self.follower = asyncio.get_running_loop().create_task(self._follow())
 
-    async def _load(self, latest: tuple[int, list]) -> int:
-        """Load `latest` = (version, [reference]) if newer than ours and acknowledge; returns the version
-        now served."""
-        version, ref_box = latest
-        if version > self.engine.version and ref_box[0] is not None:
+    async def _load(self, latest: tuple[int, list, int]) -> int:
+        """Load `latest` = (version, [reference], serial) if published after ours and acknowledge; returns
+        the version now served. Version 0 is the model directory's weights, which a replica that never
+        loaded anything already serves."""
+        version, ref_box, serial = latest
+        if serial > self.serial and ref_box[0] is not None:
             async with self.load_lock:
-                if version > self.engine.version:
-                    t0 = time.perf_counter()
-                    await asyncio.wrap_future(self.engine.submit_load(ref_box, version))
-                    self.metrics.loaded(version, time.perf_counter() - t0)
-        await self.store.ack.remote(self.replica_id, self.engine.version)
+                if serial > self.serial:
+                    if version != 0 or self.serial != 0:  # serial 0: never loaded anything
+                        t0 = time.perf_counter()
+                        await asyncio.wrap_future(self.engine.submit_load(ref_box, version))
+                        self.metrics.loaded(version, time.perf_counter() - t0)
+                    self.serial = serial
+        await self.store.ack.remote(self.replica_id, self.engine.version, self.serial)
         return self.engine.version
 
     async def _follow(self) -> None:
-        """Load each version as soon as it is published; the 2 s timeout doubles as a liveness ack."""
+        """Load each publish as soon as it happens; the 2 s timeout doubles as a liveness ack."""
         while True:
             try:
-                await self._load(await self.store.wait_newer.remote(self.engine.version, 2.0))
+                await self._load(await self.store.wait_newer.remote(self.serial, 2.0))
             except Exception as e:  # noqa: BLE001 - keep following; generate() re-checks anyway
                 print(f"[rollout {self.replica_id}] weight sync failed: {e!r}", flush=True)
                 await asyncio.sleep(1.0)

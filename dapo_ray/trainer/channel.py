@@ -16,6 +16,13 @@ class Channel:
     def __init__(self, world_size: int) -> None:
         self.batches = [asyncio.Queue() for _ in range(world_size)]
         self.results: asyncio.Queue = asyncio.Queue()
+        self.taken = [0] * world_size  # shards each rank has taken: the steps it has begun
+
+    async def join(self, rank: int) -> None:
+        """A worker (re)starts: shards left in its queue were for a worker group that failed."""
+        q = self.batches[rank]
+        while not q.empty():
+            q.get_nowait()
 
     async def put_shards(self, shards: list | None) -> None:
         """One shard per rank, or None to tell every worker to finish."""
@@ -23,7 +30,13 @@ class Channel:
             await q.put(None if shards is None else shards[rank])
 
     async def get_shard(self, rank: int):
-        return await self.batches[rank].get()
+        item = await self.batches[rank].get()
+        self.taken[rank] += 1
+        return item
+
+    async def shards_taken(self) -> list[int]:
+        """Shards taken so far per rank, across worker restarts."""
+        return self.taken
 
     async def put_result(self, result: dict) -> None:
         await self.results.put(result)

@@ -242,6 +242,18 @@ def _report(engine, metrics: dict, save_state: dict, step: int, rank: int) -> No
         (tmp / "driver_state.json").write_text(json.dumps(save_state | {"step": step}))
     ray.train.report(numbers, checkpoint=ray.train.Checkpoint.from_directory(str(tmp)))
     shutil.rmtree(tmp, ignore_errors=True)
+    _wait_report_taken()
+
+
+def _wait_report_taken() -> None:
+    """Block until Ray Train's controller has taken this worker's report (it polls the workers every 2 s):
+    only then is the checkpoint registered, so a worker that fails soon after restarts from it rather than
+    from the one before."""
+    try:
+        from ray.train.v2._internal.execution.context import get_train_context
+    except ImportError:
+        return
+    get_train_context().get_result_queue().join()
 
 
 def _save_final(engine, cfg: Config, final: str, rank: int) -> None:
@@ -276,6 +288,7 @@ def train_loop(params: dict) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     channel = ray.get_actor(params["channel"], namespace=params["namespace"])
     store = ray.get_actor(params["store"], namespace=params["namespace"])
+    ray.get(channel.join.remote(rank))  # before rank 0's "ready" (the barrier below): no shard is new yet
     torch.manual_seed(t.seed)
     engine, ref = build_engines(cfg, world)
     exported = TrainerMetrics(cfg.tracking.ray_metrics, run_name(cfg), rank)
@@ -295,7 +308,8 @@ def train_loop(params: dict) -> None:
         finally:
             shutil.rmtree(d, ignore_errors=True)
     publish_weights(engine, step, store, t.zero_stage, rank)
-    if rank == 0:
+    torch.distributed.barrier()
+    if rank == 0:  # after a restart by Ray Train too: the driver goes back to this step and driver_state
         ray.get(channel.put_result.remote({"kind": "ready", "step": step, "driver_state": driver_state}))
 
     while True:

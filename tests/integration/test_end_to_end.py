@@ -171,3 +171,22 @@ def test_stop_at_the_cap_saves_a_checkpoint_and_resumes_with_the_kept_groups(tin
     m = second["steps_log"][0]["metrics"]
     assert m["dynamic_sampling/carried_in"] == kept and m["dynamic_sampling/stale_dropped"] == 0
     assert second["totals"]["generated_groups"] == first["totals"]["generated_groups"] + m["dynamic_sampling/generated_groups"]
+
+
+def test_updates_skipped_in_a_row_for_nonfinite_gradients_stop_the_run(tiny_model_dir, ray_cluster, tmp_path):
+    """A learning rate of 1e30: the first update throws the weights to ~1e30, every forward after it
+    overflows, and the NaN gradients of the next updates are skipped. trainer.max_skipped_updates (3) of
+    them in a row stop the run after its step, with the model of before the first skipped update."""
+    out = tmp_path / "diverged"
+    cfg = load_config(TINY_CFG, COMMON + [f"rollout.model_path={tiny_model_dir}", "trainer.total_steps=5",
+                      "trainer.lr=1e30", "trainer.warmup_steps=0", "trainer.max_skipped_updates=3",
+                      "algorithm.max_policy_lag=0", f"trainer.output_dir={out}"])  # fmt: skip
+    summary = run(cfg)
+    assert summary["stopped"] == {"step": 1, "skipped_updates_in_a_row": 3}
+    assert summary["steps"] == 1 and [e["step"] for e in summary["steps_log"]] == [1]
+    m = summary["steps_log"][0]["metrics"]
+    assert (m["actor/updates"], m["actor/skipped_updates"]) == (4, 3)  # 4 x 16 responses in mini-batches of 16
+    before = load_file(str(tiny_model_dir / "model.safetensors"))
+    after = load_file(summary["final_model"] + "/model.safetensors")
+    assert all(torch.isfinite(t).all() for t in after.values())  # the one update applied, nothing after it
+    assert max(float((after[k] - before[k]).abs().max()) for k in before) > 1e20
