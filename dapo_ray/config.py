@@ -101,6 +101,13 @@ class RolloutConfig:
     """Sampling temperature during training."""
     top_p: float = 1.0
     """Nucleus sampling during training."""
+    seed_per_prompt: bool = False
+    """Sample each prompt with its own seed, from trainer.seed and its place in the data: a prompt's
+    responses then depend on the weights alone, so a run resumed from a checkpoint (with max_policy_lag
+    0) generates what the uninterrupted run did. Off by default: vLLM draws the noise of seeded requests
+    one request at a time in every decoding step (and leaves FlashInfer's sampler), a cost that grows
+    with the sequences in flight on a GPU; on the CPU demo it is ~7% of generation time (the tiny configs
+    turn it on). Off: the engine's own random stream (seeded by trainer.seed)."""
     max_response_length: int = 20480
     """L_max: generation stops (truncated) after this many tokens."""
     num_replicas: int = 1

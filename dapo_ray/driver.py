@@ -323,7 +323,7 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
         exported.record(ev, step=0)
         log(f"held-out before training: avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%}, pass@{cfg.eval.n} {ev['eval/pass_at_k']:.1%}")
 
-    sampling = SamplingSpec(r.n, r.temperature, r.top_p, r.max_response_length)
+    sampling = SamplingSpec(r.n, r.temperature, r.top_p, r.max_response_length, t.seed if r.seed_per_prompt else None)
     scoring = _scoring(cfg)
 
     def rollout(prompts: list[dict]) -> list[dict]:

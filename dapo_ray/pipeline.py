@@ -2,7 +2,7 @@
 
 One row per prompt (a group of G responses) from start to end:
 
-    generate_batch  needs: prompt_ids
+    generate_batch  needs: prompt_ids (and draw, with a sampling seed)
                     adds:  texts, response_ids, rollout_logprobs, finish_reasons, policy_version, replica
     score_group     needs: ground_truth, texts, response_ids, finish_reasons
                     adds:  scores, acc, truncated, loss_weights, advantages, keep
@@ -25,6 +25,17 @@ class SamplingSpec:
     temperature: float
     top_p: float
     max_tokens: int
+    seed: int | None = None
+    """With a seed, each prompt is sampled with `prompt_seed(seed, its draw)`: the same weights give it
+    the same responses whichever replica, call or batch serves it."""
+
+
+def prompt_seed(seed: int, draw: str) -> int:
+    """A prompt's sampling seed from the run's seed and its draw from the data ("epoch:index"). Hashed,
+    not added: vLLM seeds a prompt's n samples seed, seed + 1, ..., so nearby seeds would share samples."""
+    import hashlib
+
+    return int.from_bytes(hashlib.blake2b(f"{seed}/{draw}".encode(), digest_size=6).digest(), "big")
 
 
 _handles: dict = {}
@@ -39,9 +50,11 @@ def generate_batch(batch: pa.Table, app_name: str, spec: SamplingSpec) -> pa.Tab
     if app_name not in _handles:
         _handles[app_name] = serve.get_deployment_handle("rollout", app_name=app_name)
     rows = batch.to_pylist()
+    seeds = None if spec.seed is None else [prompt_seed(spec.seed, r["draw"]) for r in rows]
     version, replica, outs = _call_replica(
-        _handles[app_name], [r["prompt_ids"] for r in rows], spec.n, spec.temperature, spec.top_p, spec.max_tokens
-    )
+        _handles[app_name], [r["prompt_ids"] for r in rows], spec.n, spec.temperature, spec.top_p, spec.max_tokens,
+        seeds,
+    )  # fmt: skip
     for row, group in zip(rows, outs, strict=True):
         row["texts"] = [c["text"] for c in group]
         row["response_ids"] = [c["response_ids"] for c in group]

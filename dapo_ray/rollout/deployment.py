@@ -84,16 +84,18 @@ class RolloutServer:
                 await asyncio.sleep(1.0)
 
     async def generate(
-        self, prompt_ids: list[list[int]], n: int, temperature: float, top_p: float, max_tokens: int
-    ) -> tuple[int, str, list[list[Completion]]]:
+        self, prompt_ids: list[list[int]], n: int, temperature: float, top_p: float, max_tokens: int,
+        seeds: list[int] | None = None,
+    ) -> tuple[int, str, list[list[Completion]]]:  # fmt: skip
         """(policy version, this replica's id, n completions per prompt); the version is checked against
-        the store first."""
+        the store first. `seeds`: one per prompt (`Engine.submit`)."""
         self.in_flight += 1
         try:
             await self._load(await self.store.latest.remote())
             t0 = time.perf_counter()
             version, out = await asyncio.wrap_future(
-                self.engine.submit(prompt_ids, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens)
+                self.engine.submit(prompt_ids, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                                   seeds=seeds)  # fmt: skip
             )
             tokens = sum(len(c["response_ids"]) for completions in out for c in completions)
             self.metrics.generated(len(prompt_ids), tokens, time.perf_counter() - t0)

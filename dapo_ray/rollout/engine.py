@@ -109,21 +109,27 @@ class Engine:
         self.llm = None
 
     def submit(
-        self, prompt_ids: list[list[int]], *, n: int, temperature: float, top_p: float, max_tokens: int
-    ) -> Future:
+        self, prompt_ids: list[list[int]], *, n: int, temperature: float, top_p: float, max_tokens: int,
+        seeds: list[int] | None = None,
+    ) -> Future:  # fmt: skip
         """Queue `n` completions for each prompt; the future gives (policy version, completions per prompt,
         in order). Calls submitted while others run join the running batch (continuous batching), all
-        of a call's prompts at once, so one call is served by one version."""
+        of a call's prompts at once, so one call is served by one version. With `seeds` (one per prompt),
+        a prompt's completions depend on its seed and the weights alone, not on what else is in the batch;
+        without, on the engine's random stream."""
         from vllm import SamplingParams
 
         if not prompt_ids:
             done: Future = Future()
             done.set_result((self.version, []))
             return done
-        # No per-request seed: the CPU backend's generator rejects it; the engine seed applies.
-        params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0,
-                                stop_token_ids=self.stop_token_ids)  # fmt: skip
-        return self._queue(_Call(prompt_ids, params))
+        base = dict(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0,
+                    stop_token_ids=self.stop_token_ids)  # fmt: skip
+        if seeds is None:
+            return self._queue(_Call(prompt_ids, SamplingParams(**base)))
+        if len(seeds) != len(prompt_ids):
+            raise ValueError(f"{len(seeds)} seeds for {len(prompt_ids)} prompts")
+        return self._queue(_Call(prompt_ids, [SamplingParams(**base, seed=seed) for seed in seeds]))
 
     def generate(
         self, prompt_ids: list[list[int]], *, n: int, temperature: float, top_p: float, max_tokens: int

@@ -1,0 +1,64 @@
+"""The driver killed in the middle of a run, and the same command run again: it resumes from the last
+checkpoint, and with fixed seeds (every prompt sampled with its own) and max_policy_lag 0 its next step
+is the uninterrupted run's: the same prompts, the same responses, the same update."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import ray
+from test_end_to_end import COMMON, TINY_CFG
+
+from dapo_ray.config import load_config
+from dapo_ray.driver import run
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+BATCH = ("critic/score/mean", "critic/acc/mean", "response_length/mean", "response_length/clip_ratio",
+         "dynamic_sampling/generated_groups", "dynamic_sampling/kept_groups")  # fmt: skip
+UPDATE = ("actor/entropy", "actor/pg_clipfrac", "actor/ppo_kl", "actor/grad_norm")
+
+
+def _overrides(tiny_model_dir: Path, out: Path) -> list[str]:
+    return COMMON + [f"rollout.model_path={tiny_model_dir}", "trainer.total_steps=3", "trainer.save_every=2",
+                     "algorithm.max_policy_lag=0", f"trainer.output_dir={out}"]  # fmt: skip
+
+
+def test_a_killed_driver_resumes_and_its_next_step_is_the_uninterrupted_runs(tiny_model_dir, ray_cluster, tmp_path):
+    uninterrupted = run(load_config(TINY_CFG, _overrides(tiny_model_dir, tmp_path / "whole")))
+    assert [e["step"] for e in uninterrupted["steps_log"]] == [1, 2, 3]
+
+    # The same run by `workflows/train.py` in its own process on this cluster, killed in step 3: after
+    # step 2's line is printed, its checkpoint is registered (a checkpoint step waits for it).
+    out = tmp_path / "killed"
+    args = _overrides(tiny_model_dir, out)
+    env = os.environ | {"RAY_ADDRESS": ray.get_runtime_context().gcs_address, "DS_ACCELERATOR": "cpu"}
+    driver = subprocess.Popen([sys.executable, "workflows/train.py", "--config", str(TINY_CFG), *args], cwd=ROOT,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    seen = []
+    try:
+        deadline = time.time() + 600
+        for line in driver.stdout:
+            seen.append(line)
+            if "] step 2/3 " in line or time.time() > deadline:
+                break
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=60)
+    assert any("] step 2/3 " in line for line in seen), "".join(seen[-40:])
+    assert not any("] step 3/3 " in line for line in seen)
+
+    resumed = run(load_config(TINY_CFG, args))  # the same command again
+    assert resumed["start_step"] == 2 and resumed["steps"] == 3
+    assert [e["step"] for e in resumed["steps_log"]] == [3]
+    mine, theirs = resumed["steps_log"][0], uninterrupted["steps_log"][2]
+    assert mine["draws"] == theirs["draws"]  # the same prompts, kept and filtered alike
+    for k in BATCH:  # the same responses and rewards
+        assert mine["metrics"][k] == theirs["metrics"][k], k
+    for k in UPDATE:  # the same update, from the same restored weights and optimizer state
+        assert mine["metrics"][k] == pytest.approx(theirs["metrics"][k], rel=1e-4, abs=1e-7), k
