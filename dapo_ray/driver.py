@@ -173,6 +173,7 @@ class Stack:
         self.store = create_store(f"weights-{name}", cfg.weight_sync.keep_versions)
         self.sync_timeout_s = cfg.weight_sync.timeout_s
         self.channel = Channel.options(name=f"channel-{name}", namespace=NAMESPACE).remote(t.num_workers)
+        self.generation = 0  # "ready" messages read: the worker group that shards are for
         log(f"deploying {r.num_replicas} vLLM rollout replica(s) of {r.model_path}")
         self.handle = deploy_rollout(r, cfg.max_model_len, f"weights-{name}", t.seed, run=run_name(cfg),
                                      export_metrics=cfg.tracking.ray_metrics)  # fmt: skip
@@ -199,20 +200,26 @@ class Stack:
             if res is not None:
                 if res["kind"] not in (kind, "ready"):
                     raise RuntimeError(f"expected a {kind!r} message from the trainer, got {res['kind']!r}")
+                self.generation += res["kind"] == "ready"
                 return res
             if not self.fit_thread.is_alive():
                 raise RuntimeError(f"the trainer stopped: {self.fit_error[0] if self.fit_error else 'no error given'}")
 
     def train(self, shards: list, save_state: dict | None) -> dict:
         """The step's statistics, or "ready" if the workers restarted meanwhile."""
-        self._ray.get(self.channel.put_shards.remote([{"minis": s, "save": save_state} for s in shards]))
+        self._put([{"minis": s, "save": save_state} for s in shards])
         return self.next_result("step")
 
     def save(self, save_state: dict) -> dict:
         """A checkpoint of the current weights and `save_state`, without training ("saved", or "ready" if
         the workers restarted meanwhile)."""
-        self._ray.get(self.channel.put_shards.remote([{"minis": None, "save": save_state}] * self.num_workers))
+        self._put([{"minis": None, "save": save_state}] * self.num_workers)
         return self.next_result("saved")
+
+    def _put(self, shards: list | None) -> None:
+        """Queue shards for the current workers. If a restarted group has started meanwhile they are
+        dropped, and its "ready" is the next result."""
+        self._ray.get(self.channel.put_shards.remote(shards, self.generation))
 
     def sync(self, version: int) -> dict[str, int]:
         from dapo_ray.rollout.deployment import wait_synced
@@ -223,7 +230,7 @@ class Stack:
         """Tell the workers to save the final model and stop; returns its path. Workers restarted meanwhile
         are told again if they came back at `step` (its checkpoint), else the run must be resumed."""
         while True:
-            self._ray.get(self.channel.put_shards.remote(None))
+            self._put(None)
             res = self.next_result("final")
             if res["kind"] == "final":
                 self.fit_thread.join(timeout=120)

@@ -288,7 +288,6 @@ def train_loop(params: dict) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     channel = ray.get_actor(params["channel"], namespace=params["namespace"])
     store = ray.get_actor(params["store"], namespace=params["namespace"])
-    ray.get(channel.join.remote(rank))  # before rank 0's "ready" (the barrier below): no shard is new yet
     torch.manual_seed(t.seed)
     engine, ref = build_engines(cfg, world)
     exported = TrainerMetrics(cfg.tracking.ray_metrics, run_name(cfg), rank)
@@ -308,9 +307,9 @@ def train_loop(params: dict) -> None:
         finally:
             shutil.rmtree(d, ignore_errors=True)
     publish_weights(engine, step, store, t.zero_stage, rank)
-    torch.distributed.barrier()
     if rank == 0:  # after a restart by Ray Train too: the driver goes back to this step and driver_state
         ray.get(channel.put_result.remote({"kind": "ready", "step": step, "driver_state": driver_state}))
+    torch.distributed.barrier()  # no rank takes a shard before the channel has heard "ready"
 
     while True:
         item = ray.get(channel.get_shard.remote(rank))

@@ -14,6 +14,7 @@ from test_end_to_end import COMMON, TINY_CFG
 
 from dapo_ray.config import load_config
 from dapo_ray.driver import run
+from dapo_ray.trainer.channel import Channel
 from dapo_ray.weights import NAMESPACE
 
 pytestmark = pytest.mark.integration
@@ -101,3 +102,21 @@ def _first_draw(entry: dict) -> tuple[int, int]:
     """The step's first prompt taken from the cursor (kept or filtered out), as (epoch, index)."""
     draws = entry["draws"]["trained"] + entry["draws"]["filtered"]
     return min(tuple(int(x) for x in d.split(":")) for d in draws)
+
+
+def test_shards_for_a_worker_group_that_is_gone_are_dropped(ray_cluster):
+    """The driver may queue a step's shards after a restarted group has said "ready" and before it has
+    read that message: those shards, and any left for the group before, never reach the new workers."""
+    channel = Channel.remote(2)
+    try:
+        ray.get(channel.put_result.remote({"kind": "ready", "step": 0}))  # the first worker group
+        assert ray.get(channel.put_shards.remote(["a0", "a1"], 1))
+        assert ray.get(channel.get_shard.remote(0)) == "a0"  # rank 0 takes its shard; rank 1 dies
+        ray.get(channel.put_result.remote({"kind": "ready", "step": 0}))  # Ray Train's second group
+        assert not ray.get(channel.put_shards.remote(["b0", "b1"], 1))  # sent before reading that "ready"
+        assert ray.get(channel.get_result.remote(1.0))["kind"] == "ready"
+        assert ray.get(channel.get_result.remote(1.0))["kind"] == "ready"
+        assert ray.get(channel.put_shards.remote(["c0", "c1"], 2))
+        assert ray.get([channel.get_shard.remote(0), channel.get_shard.remote(1)]) == ["c0", "c1"]
+    finally:
+        ray.kill(channel)
