@@ -2,7 +2,8 @@
 
 `run(cfg)` starts (or joins) a Ray cluster, deploys the vLLM rollout replicas on Ray Serve, starts the
 Ray Train TorchTrainer workers (DeepSpeed) in the background, and then drives one RL step at a time.
-Re-running the same command resumes from the last checkpoint (Ray Train's, under trainer.output_dir).
+Re-running the same command resumes from the last checkpoint (Ray Train's, under trainer.output_dir);
+when Ray Train restarts failed trainer workers from it mid-run, the driver goes back to it too.
 """
 
 from __future__ import annotations
