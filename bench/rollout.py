@@ -18,6 +18,11 @@ generated tokens per second of each are printed with their ratio to raw vLLM:
   fused into the same tasks. The replica reserves `rollout.cpus_per_replica` logical CPUs (demo: 1);
   Ray sets `OMP_NUM_THREADS` to that number in the replica, which vLLM then keeps for torch.
   `--replica-cpus 1,2` adds a row per value (the demo config with only that setting changed).
+* `raw vLLM, N threads` (`--raw-threads 1`): the same as raw vLLM with `OMP_NUM_THREADS=N` in its
+  environment, which vLLM keeps for torch as it does in the replica: the baseline at the replica's own
+  thread count. On a machine with more cores than the engine uses, Ray's other processes (GCS, raylet,
+  the Serve controller, the driver) run beside the engine instead of taking turns with it, as on any
+  node larger than the replica; `cpus_per_replica=N` is then also compared with this row.
 * `HF generate`: `AutoModelForCausalLM` (float32, torch's default threads) and one `model.generate`
   of all prompts, left-padded: `do_sample`, temperature 1.0, top-p 1.0, top-k off,
   `num_return_sequences=n`, `max_new_tokens`, stopping at EOS.
@@ -357,6 +362,8 @@ def label(key: str, demo_cpus: int) -> str:
     if key.startswith("ray:"):
         cpus = int(key.split(":")[1])
         return f"dapo-ray (Serve + Ray Data), cpus_per_replica={cpus}" + (" (demo)" if cpus == demo_cpus else "")
+    if key.startswith("raw:"):
+        return f"raw vLLM, {key.split(':')[1]} thread(s)"
     return {"raw": "raw vLLM (baseline)", "hf": "HF generate"}[key]
 
 
@@ -365,8 +372,10 @@ def run_worker(key: str, model_dir: Path, prompts_file: Path, a: argparse.Namesp
     cmd = [sys.executable, __file__, "--worker", path, "--model-dir", str(model_dir), "--prompts-file",
            str(prompts_file), "--n", str(a.n), "--max-tokens", str(max_tokens), "--max-model-len",
            str(a.max_prompt_length + max_tokens), "--warmup", str(a.warmup), "--repeats", str(a.repeats),
-           *(["--cpus-per-replica", cpus] if cpus else [])]  # fmt: skip
+           *(["--cpus-per-replica", cpus] if cpus and path == "ray" else [])]  # fmt: skip
     env = os.environ | {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
+    if path == "raw" and cpus:
+        env["OMP_NUM_THREADS"] = cpus
     name = f"{label(key, a.demo_cpus)} on {model_dir.name}"
     print(f"[bench] {name} ...", file=sys.stderr, flush=True)
     t0 = time.perf_counter()
@@ -429,6 +438,8 @@ def main() -> None:
     ap.add_argument("--paths", default="raw,ray,hf")
     ap.add_argument("--replica-cpus", default=None,
                     help="cpus_per_replica values for the dapo-ray path, e.g. 1,2 (default: the demo config's)")
+    ap.add_argument("--raw-threads", default="",
+                    help="also raw vLLM limited to these OpenMP thread counts, e.g. 1 (the same-thread baseline)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per worker subprocess")
     ap.add_argument("--quick", action="store_true", help="smoke test: 4 prompts, n 4, 12/16 tokens, 1 repeat")
     # Internal: one path in a subprocess.
@@ -456,7 +467,9 @@ def main() -> None:
     sizes = a.sizes.split(",")
     wanted = a.paths.split(",")
     replica_cpus = [int(c) for c in (a.replica_cpus or str(a.demo_cpus)).split(",")]
-    keys = [k for k in ("raw", *(f"ray:{c}" for c in replica_cpus), "hf") if k.partition(":")[0] in wanted]
+    raw_threads = [int(t) for t in a.raw_threads.split(",") if t]
+    keys = [k for k in ("raw", *(f"raw:{t}" for t in raw_threads), *(f"ray:{c}" for c in replica_cpus), "hf")
+            if k.partition(":")[0] in wanted]  # fmt: skip
     lengths = {"tiny": a.tiny_len, "qwen2-25m": a.large_len}
     counts = {"tiny": a.prompts, "qwen2-25m": a.large_prompts}
 
@@ -505,6 +518,11 @@ def main() -> None:
                   f"(target >= 0.85; cpus_per_replica={a.demo_cpus}, as the demo config)")  # fmt: skip
         for key in others:
             print(f"(with cpus_per_replica={key.split(':')[1]}: {last[key]['tps'] / last['raw']['tps']:.2f})")
+    for key in (k for k in last if k.startswith("ray:") and "raw:" + k.split(":")[1] in last):
+        cpus = key.split(":")[1]
+        print(f"dapo-ray path / raw vLLM with the same {cpus} engine thread(s) at the larger size: "
+              f"{last[key]['tps'] / last['raw:' + cpus]['tps']:.2f} (target >= 0.85; Ray's other processes "
+              f"have {os.cpu_count() - int(cpus)} CPU(s) beside the engine)")
 
 
 if __name__ == "__main__":
