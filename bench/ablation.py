@@ -9,6 +9,10 @@ total). Held-out avg@8 is evaluated every `--eval-every` steps.
 
     python bench/ablation.py                                 # 6 rungs x 3 seeds, about 1.5 h on 2 cores
     python bench/ablation.py --rungs naive-grpo dapo --seeds 1 --max-generated 2048   # a quick look
+    python bench/ablation.py --rungs naive-grpo dapo --set trainer.max_policy_lag=0 --out runs/ablation-lag0
+
+`--set` adds config overrides to every run (after the rung's own), e.g. the same ladder strictly
+on-policy instead of with generation overlapped as the reasoning config has it.
 
 Each run is its own process with its own local Ray cluster, one after another; its result is kept in
 `<out>/runs/<rung>-s<seed>.json` (`--out`: runs/ablation), so an interrupted ladder resumes where it
@@ -35,7 +39,7 @@ CONFIG = ROOT / "workflows/configs/tiny_cpu_reasoning.yaml"
 RUNGS = [name for name, _ in LADDER]
 
 
-def run_one(rung: str, seed: int, max_generated: int, eval_every: int, out: Path) -> dict:
+def run_one(rung: str, seed: int, max_generated: int, eval_every: int, out: Path, extra: list[str]) -> dict:
     """One run of the ladder, in this process; returns what the table and plots need."""
     from dapo_ray.config import load_config
     from dapo_ray.driver import run
@@ -47,7 +51,7 @@ def run_one(rung: str, seed: int, max_generated: int, eval_every: int, out: Path
     cfg = load_config(CONFIG, overrides_for(rung) + [
         f"trainer.seed={seed}", f"data.seed={seed}", f"trainer.max_generated={max_generated}",
         f"trainer.total_steps={steps}", "trainer.save_every=0", f"eval.every={eval_every}",
-        f"trainer.output_dir={out / 'runs' / f'{rung}-s{seed}'}", "tracking.enabled=false",
+        f"trainer.output_dir={out / 'runs' / f'{rung}-s{seed}'}", "tracking.enabled=false", *extra,
     ])  # fmt: skip
     # One start for every run: the demo's model (built with the config's own seed, as `dapo-ray demo` does).
     build_for(base)
@@ -60,8 +64,8 @@ def run_one(rung: str, seed: int, max_generated: int, eval_every: int, out: Path
     ]  # fmt: skip
     evals = [{k: e[k] for k in ("step", "generated", "train_s", "eval/avg_at_k", "eval/pass_at_k")}
              for e in summary["evals"]]  # fmt: skip
-    return {"rung": rung, "seed": seed, "max_generated": max_generated, "train_s": summary["train_s"],
-            "steps": steps, "evals": evals}  # fmt: skip
+    return {"rung": rung, "seed": seed, "max_generated": max_generated, "extra": extra,
+            "train_s": summary["train_s"], "steps": steps, "evals": evals}  # fmt: skip
 
 
 def _cumulative(steps_log: list[dict], n: int) -> list[int]:
@@ -147,29 +151,36 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=3, help="seeds per rung (1, 2, ...)")
     ap.add_argument("--max-generated", type=int, default=12288, help="generated responses per run")
     ap.add_argument("--eval-every", type=int, default=10, help="steps between held-out evaluations")
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="extra",
+                    help="config overrides for every run, after the rung's own")
     ap.add_argument("--out", type=Path, default=ROOT / "runs/ablation")
     ap.add_argument("--one", nargs=2, metavar=("RUNG", "SEED"), help=argparse.SUPPRESS)  # a child process
     args = ap.parse_args()
     out = args.out.resolve()
     if args.one:
         rung, seed = args.one[0], int(args.one[1])
-        result = run_one(rung, seed, args.max_generated, args.eval_every, out)
+        result = run_one(rung, seed, args.max_generated, args.eval_every, out, args.extra)
         (out / "runs" / f"{rung}-s{seed}.json").write_text(json.dumps(result))
         return 0
 
+    from dapo_ray.config import load_config
+
+    load_config(CONFIG, args.extra)  # a typo in --set fails here, naming the key, before any run
     (out / "runs").mkdir(parents=True, exist_ok=True)
     todo = [(rung, seed) for seed in range(1, args.seeds + 1) for rung in args.rungs]
     t0 = time.time()
     for i, (rung, seed) in enumerate(todo, 1):
         done = out / "runs" / f"{rung}-s{seed}.json"
-        if done.exists() and json.loads(done.read_text())["max_generated"] == args.max_generated:
+        kept = json.loads(done.read_text()) if done.exists() else {}
+        if kept.get("max_generated") == args.max_generated and kept.get("extra", []) == args.extra:
             print(f"[ablation] {i}/{len(todo)} {rung} seed {seed}: done before", flush=True)
             continue
         print(f"[ablation] {i}/{len(todo)} {rung} seed {seed} ({(time.time() - t0) / 60:.0f} min so far)", flush=True)
         log = out / "runs" / f"{rung}-s{seed}.log"
         with log.open("w") as f:
             rc = subprocess.call([sys.executable, __file__, "--one", rung, str(seed), "--out", str(out),
-                                  "--max-generated", str(args.max_generated), "--eval-every", str(args.eval_every)],
+                                  "--max-generated", str(args.max_generated), "--eval-every", str(args.eval_every),
+                                  *(["--set", *args.extra] if args.extra else [])],
                                  stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)  # fmt: skip
         if rc != 0:
             print(f"[ablation] {rung} seed {seed} failed (exit {rc}); see {log}", flush=True)
@@ -179,6 +190,8 @@ def main() -> int:
 
     results = [json.loads((out / "runs" / f"{r}-s{s}.json").read_text()) for r, s in todo]
     text = table(results)
+    if args.extra:
+        text = f"Overrides on every run: `{' '.join(args.extra)}`\n\n{text}"
     print(text)
     (out / "ablation.md").write_text(text + "\n")
     plot(results, out / "ablation.png")
