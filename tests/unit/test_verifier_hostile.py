@@ -159,6 +159,10 @@ def test_hostile_inputs(mode, tmp_path, off_main_thread):
         out, first_s = wall_time(call)
         again, again_s = wall_time(call)
         helper_out, helper_s = off_main_thread(lambda call=call: wall_time(call))
+        if helper_out["score"] != out["score"]:
+            # Near the helper's deadline a verdict depends on the machine's load (the helper process can
+            # be descheduled past it): ask once more, so only a mismatch that repeats fails.
+            helper_out, _ = off_main_thread(lambda call=call: wall_time(call))
         for verdict in (out, again, helper_out):
             assert_well_formed(verdict)
         # The score repeats; in math_verify mode `pred` can differ when one call ran out of time near the
