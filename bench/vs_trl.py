@@ -5,9 +5,12 @@ warm-up.
     pip install -e '.[bench]'                # TRL: a dependency of this bench only
     python bench/vs_trl.py                   # (a) the demo: 0.6M model, short answers, accuracy against time
     python bench/vs_trl.py --setting large   # (b) a 23M model, 128-token responses: throughput
+    for s in 1 2 3; do python bench/vs_trl.py --seed $s; done   # (a) on three seeds
 
 Each side runs in its own process, one after the other (TRL first), and writes `<out>/<setting>-<side>.json`;
-the comparison goes to stdout and `<out>/<setting>.md` (`--out`: runs/vs_trl).
+the comparison goes to stdout and `<out>/<setting>.md` (`--out`: runs/vs_trl). `--seed N` sets both
+sides' seeds (TRL's `seed`; dapo-ray's `trainer.seed` and `data.seed`: sampling, shuffling) from the same
+start model, and names the results `<setting>-sN`.
 
 dapo-ray runs a workflow config (`tiny_cpu.yaml` for (a), as `make demo` does: the full recipe with
 dynamic sampling and generation overlapped with training). TRL runs `GRPOTrainer` with the same
@@ -56,6 +59,8 @@ def config(a: argparse.Namespace, out: Path):
     from dapo_ray.config import load_config
 
     common = [f"trainer.output_dir={out / 'dapo-ray'}", "tracking.enabled=false", "trainer.save_every=0"]
+    if a.seed is not None:
+        common += [f"trainer.seed={a.seed}", f"data.seed={a.seed}"]
     if a.setting == "demo":
         return load_config(DEMO, common + [f"trainer.total_steps={a.steps}", f"eval.every={a.eval_every}"])
     return load_config(REASONING, common + [
@@ -69,9 +74,10 @@ def config(a: argparse.Namespace, out: Path):
 def model_dir(a: argparse.Namespace, cfg, out: Path) -> Path:
     """Build the model both sides start from, once."""
     if a.setting == "demo":
+        from dapo_ray.config import load_config
         from dapo_ray.tiny_model import build_for
 
-        return build_for(cfg)
+        return build_for(load_config(DEMO))  # the demo's model, whatever --seed says (as make demo builds it)
     import rollout as rollout_bench
 
     path = Path(cfg.rollout.model_path)
@@ -242,10 +248,12 @@ def main() -> int:
     ap.add_argument("--eval-every", type=int, default=50, help="(a) steps between held-out evaluations")
     ap.add_argument("--large-steps", type=int, default=4, help="(b) timed steps per side (one more is run)")
     ap.add_argument("--k", type=int, default=8, help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=None, help="both sides' seeds (default: the config's)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs/vs_trl")
     ap.add_argument("--side", choices=["dapo-ray", "trl"], help=argparse.SUPPRESS)  # a child process
     a = ap.parse_args()
-    out = (a.out / a.setting).resolve()
+    name = a.setting if a.seed is None else f"{a.setting}-s{a.seed}"
+    out = (a.out / name).resolve()
     out.mkdir(parents=True, exist_ok=True)
     cfg = config(a, out)
     if a.side:
@@ -273,7 +281,7 @@ def main() -> int:
         print(f"[vs_trl]   {side}: {time.time() - t0:.0f}s in all", flush=True)
     text = report(a, res, cfg)
     print(text)
-    (out.parent / f"{a.setting}.md").write_text(text + "\n")
+    (out.parent / f"{name}.md").write_text(text + "\n")
     return 0
 
 
