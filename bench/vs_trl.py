@@ -10,7 +10,8 @@ warm-up.
 Each side runs in its own process, one after the other (TRL first), and writes `<out>/<setting>-<side>.json`;
 the comparison goes to stdout and `<out>/<setting>.md` (`--out`: runs/vs_trl). `--seed N` sets both
 sides' seeds (TRL's `seed`; dapo-ray's `trainer.seed` and `data.seed`: sampling, shuffling) from the same
-start model, and names the results `<setting>-sN`.
+start model, and names the results `<setting>-sN`. `--report` prints the comparison again from the
+saved results without running anything.
 
 dapo-ray runs a workflow config (`tiny_cpu.yaml` for (a), as `make demo` does: the full recipe with
 dynamic sampling and generation overlapped with training). TRL runs `GRPOTrainer` with the same
@@ -221,6 +222,9 @@ def report(a: argparse.Namespace, res: dict[str, dict], cfg) -> str:
     def num(x: float | int | None) -> str:
         return "-" if x is None else f"{x:,}" if isinstance(x, int) else f"{x:,.2f}"
 
+    def seconds(x: float | None) -> str:
+        return "not reached" if x is None else f"{x:,.0f}"
+
     lines += [f"| {name} | {num(x)} | {num(y)} | {ratio(x, y)} |" for name, x, y in rows]
     if a.setting == "demo":
         target = min(max(e["avg_at_8"] for e in d["evals"]), max(e["avg_at_8"] for e in t["evals"]))
@@ -230,6 +234,9 @@ def report(a: argparse.Namespace, res: dict[str, dict], cfg) -> str:
             f"| {t['evals'][0]['avg_at_8']:.1%} / {t['evals'][-1]['avg_at_8']:.1%} | |",
             f"| training time to reach {target:.1%} (the best both reach), s | {td:,.0f} | {tt:,.0f} "
             f"| {ratio(tt, td)} faster |",
+            *(f"| training time to reach {x:.0%}, s | {seconds(first_time(d['evals'], x))} | "
+              f"{seconds(first_time(t['evals'], x))} | {ratio(first_time(t['evals'], x), first_time(d['evals'], x))} "
+              "faster |" for x in (0.3, 0.4)),
             "", f"Held-out avg@{a.k} against training time (s):", "",
         ]  # fmt: skip
         for name, side in (("dapo-ray", d), ("TRL", t)):
@@ -250,6 +257,7 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=8, help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=None, help="both sides' seeds (default: the config's)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs/vs_trl")
+    ap.add_argument("--report", action="store_true", help="print the comparison of results already saved")
     ap.add_argument("--side", choices=["dapo-ray", "trl"], help=argparse.SUPPRESS)  # a child process
     a = ap.parse_args()
     name = a.setting if a.seed is None else f"{a.setting}-s{a.seed}"
@@ -266,9 +274,12 @@ def main() -> int:
         import trl  # noqa: F401
     except ImportError:
         raise SystemExit("bench/vs_trl.py needs TRL: pip install -e '.[bench]'") from None
-    model_dir(a, cfg, out)  # once, before either side's clock
     res = {}
-    for side in ("trl", "dapo-ray"):
+    if a.report:
+        res = {side: json.loads((out / f"{side}.json").read_text()) for side in ("trl", "dapo-ray")}
+    else:
+        model_dir(a, cfg, out)  # once, before either side's clock
+    for side in () if a.report else ("trl", "dapo-ray"):
         print(f"[vs_trl] {a.setting}: {side} ...", flush=True)
         t0 = time.time()
         with (out / f"{side}.log").open("w") as f:
