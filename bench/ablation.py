@@ -9,7 +9,7 @@ total). Held-out avg@8 is evaluated every `--eval-every` steps.
 
     python bench/ablation.py                                 # 6 rungs x 3 seeds, about 1.5 h on 2 cores
     python bench/ablation.py --rungs naive-grpo dapo --seeds 1 --max-generated 2048   # a quick look
-    python bench/ablation.py --rungs naive-grpo dapo --set trainer.max_policy_lag=0 --out runs/ablation-lag0
+    python bench/ablation.py --rungs naive-grpo dapo --set algorithm.max_policy_lag=0 --out runs/ablation-lag0
 
 `--set` adds config overrides to every run (after the rung's own), e.g. the same ladder strictly
 on-policy instead of with generation overlapped as the reasoning config has it.

@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 DEMO = ROOT / "workflows/configs/tiny_cpu.yaml"
 REASONING = ROOT / "workflows/configs/tiny_cpu_reasoning.yaml"
+SIDES = ("trl", "dapo-ray")  # run in this order: TRL first
 
 
 def config(a: argparse.Namespace, out: Path):
@@ -234,9 +235,8 @@ def report(a: argparse.Namespace, res: dict[str, dict], cfg) -> str:
             f"| {t['evals'][0]['avg_at_8']:.1%} / {t['evals'][-1]['avg_at_8']:.1%} | |",
             f"| training time to reach {target:.1%} (the best both reach), s | {td:,.0f} | {tt:,.0f} "
             f"| {ratio(tt, td)} faster |",
-            *(f"| training time to reach {x:.0%}, s | {seconds(first_time(d['evals'], x))} | "
-              f"{seconds(first_time(t['evals'], x))} | {ratio(first_time(t['evals'], x), first_time(d['evals'], x))} "
-              "faster |" for x in (0.3, 0.4)),
+            *(f"| training time to reach {x:.0%}, s | {seconds(xd)} | {seconds(xt)} | {ratio(xt, xd)} faster |"
+              for x in (0.3, 0.4) for xd, xt in [(first_time(d["evals"], x), first_time(t["evals"], x))]),
             "", f"Held-out avg@{a.k} against training time (s):", "",
         ]  # fmt: skip
         for name, side in (("dapo-ray", d), ("TRL", t)):
@@ -258,7 +258,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=None, help="both sides' seeds (default: the config's)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs/vs_trl")
     ap.add_argument("--report", action="store_true", help="print the comparison of results already saved")
-    ap.add_argument("--side", choices=["dapo-ray", "trl"], help=argparse.SUPPRESS)  # a child process
+    ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # a child process
     a = ap.parse_args()
     name = a.setting if a.seed is None else f"{a.setting}-s{a.seed}"
     out = (a.out / name).resolve()
@@ -270,26 +270,23 @@ def main() -> int:
         (out / f"{a.side}.json").write_text(json.dumps(result))
         return 0
 
-    try:
-        import trl  # noqa: F401
-    except ImportError:
-        raise SystemExit("bench/vs_trl.py needs TRL: pip install -e '.[bench]'") from None
-    res = {}
-    if a.report:
-        res = {side: json.loads((out / f"{side}.json").read_text()) for side in ("trl", "dapo-ray")}
-    else:
+    if not a.report:
+        try:
+            import trl  # noqa: F401
+        except ImportError:
+            raise SystemExit("bench/vs_trl.py needs TRL: pip install -e '.[bench]'") from None
         model_dir(a, cfg, out)  # once, before either side's clock
-    for side in () if a.report else ("trl", "dapo-ray"):
-        print(f"[vs_trl] {a.setting}: {side} ...", flush=True)
-        t0 = time.time()
-        with (out / f"{side}.log").open("w") as f:
-            rc = subprocess.call([sys.executable, __file__, *sys.argv[1:], "--side", side], stdout=f,
-                                 stderr=subprocess.STDOUT, cwd=ROOT)  # fmt: skip
-        if rc:
-            print(f"[vs_trl] {side} failed (exit {rc}); see {out / f'{side}.log'}", flush=True)
-            return rc
-        res[side] = json.loads((out / f"{side}.json").read_text())
-        print(f"[vs_trl]   {side}: {time.time() - t0:.0f}s in all", flush=True)
+        for side in SIDES:
+            print(f"[vs_trl] {a.setting}: {side} ...", flush=True)
+            t0 = time.time()
+            with (out / f"{side}.log").open("w") as f:
+                rc = subprocess.call([sys.executable, __file__, *sys.argv[1:], "--side", side], stdout=f,
+                                     stderr=subprocess.STDOUT, cwd=ROOT)  # fmt: skip
+            if rc:
+                print(f"[vs_trl] {side} failed (exit {rc}); see {out / f'{side}.log'}", flush=True)
+                return rc
+            print(f"[vs_trl]   {side}: {time.time() - t0:.0f}s in all", flush=True)
+    res = {side: json.loads((out / f"{side}.json").read_text()) for side in SIDES}
     text = report(a, res, cfg)
     print(text)
     (out.parent / f"{name}.md").write_text(text + "\n")
