@@ -15,6 +15,7 @@ while the current one trains; on this 2-core machine both compete for the same c
 measured, not assumed. The first `--warmup` steps of each run are left out of the medians.
 
     python bench/step.py [--steps 20] [--warmup 3] [--lags 0,1] [--config workflows/configs/tiny_cpu.yaml]
+    python bench/step.py --lags 1 --set trainer.num_workers=1   # a variant: overrides on every setting
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ from pathlib import Path
 PHASES = ("generate", "old_logprob", "update", "publish", "sync", "other")
 
 
-def run_setting(config: str, lag: int, steps: int, out: Path) -> list[dict]:
+def run_setting(config: str, lag: int, steps: int, out: Path, extra: list[str]) -> list[dict]:
     from dapo_ray.config import load_config
     from dapo_ray.driver import run
 
     cfg = load_config(config, [f"algorithm.max_policy_lag={lag}", f"trainer.total_steps={steps}", "eval.every=0",
                                f"trainer.save_every={steps}",
-                               f"trainer.output_dir={out / f'lag{lag}'}"])  # fmt: skip
+                               f"trainer.output_dir={out / f'lag{lag}'}", *extra])  # fmt: skip
     summary = run(cfg)
     return [e["metrics"] for e in summary["steps_log"]]
 
@@ -56,23 +57,26 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--lags", default="0,1")
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="extra",
+                    help="config overrides for every setting (a typo fails before any run)")
     args = ap.parse_args()
 
     from dapo_ray.config import load_config
     from dapo_ray.tiny_model import build_for
 
-    cfg = load_config(args.config)
+    cfg = load_config(args.config, args.extra)
     build_for(cfg)
     lags = [int(x) for x in args.lags.split(",")]
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
         for lag in lags:
             t0 = time.time()
-            results[lag] = medians(run_setting(args.config, lag, args.steps, Path(tmp)), args.warmup)
+            results[lag] = medians(run_setting(args.config, lag, args.steps, Path(tmp), args.extra), args.warmup)
             print(f"max_policy_lag={lag}: {args.steps} steps in {time.time() - t0:.0f}s", flush=True)
 
     g = cfg.rollout.n
-    print(f"\nmedian seconds per step phase, {args.config}, steps {args.warmup + 1}-{args.steps}")
+    extra = f", {' '.join(args.extra)}" if args.extra else ""
+    print(f"\nmedian seconds per step phase, {args.config}{extra}, steps {args.warmup + 1}-{args.steps}")
     print(f"{'max_policy_lag':>14} " + " ".join(f"{p:>11}" for p in PHASES) + f" {'step':>7} {'other %':>8}"
           f" {'gen compl/s':>11} {'lag max':>7}")  # fmt: skip
     for lag, m in results.items():

@@ -3,9 +3,9 @@ checkpoints through `ray.train.report`.
 
 Each step (`train_step`): pull this rank's shard from the channel -> old log-probs (the behaviour
 policy's: recomputed with the current weights for fresh samples, the engine's for samples an older
-version generated) and, with a KL term, the reference model's -> `ppo_epochs` passes over the
-mini-batches, each accumulating micro-batch gradients of the DAPO loss into one optimizer step ->
-rank 0 publishes the new weights as version step+1 -> report.
+version generated; the pass is skipped when all were) and, with a KL term, the reference model's ->
+`ppo_epochs` passes over the mini-batches, each accumulating micro-batch gradients of the DAPO loss into
+one optimizer step -> rank 0 publishes the new weights as version step+1 -> report.
 """
 
 from __future__ import annotations
@@ -119,11 +119,20 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
     lr = t.lr * min(1.0, (version + 1) / t.warmup_steps) if t.warmup_steps else t.lr
     for group in engine.optimizer.param_groups:
         group["lr"] = lr
-    # tokens, entropy sum, |recomputed - engine| sum over fresh tokens, fresh tokens, up-clipped tokens and
-    # the sum of their old probabilities, SUM_KEYS sums
+    # tokens, entropy sum, |recomputed - engine| sum over fresh tokens (tokens of the current version),
+    # fresh tokens, up-clipped tokens and the sum of their old probabilities, SUM_KEYS sums
     totals = torch.zeros(6 + len(SUM_KEYS), dtype=torch.float64)
 
-    # 1. Behaviour log-probs (and reference log-probs for the KL term), before any update.
+    # 1. Behaviour log-probs (and reference log-probs for the KL term), before any update. A response an
+    # older policy generated takes the engine's log-probs (`behaviour_logprobs`), so the trainer's own are
+    # needed only for responses of the current version. When no rank holds one and there is no KL term
+    # (the steady state while generation overlaps training), the forward pass is skipped. Every rank
+    # decides alike: under ZeRO-3 a forward is a collective.
+    fresh_here = any(s["weight"] > 0 and s["policy_version"] >= version
+                     for mini in shard for micro in mini["micro"] for s in micro)  # fmt: skip
+    any_fresh = torch.tensor([float(fresh_here)])
+    dist.all_reduce(any_fresh, op=dist.ReduceOp.MAX)
+    recompute = ref is not None or bool(any_fresh.item())
     engine.eval()
     prepared = []
     with torch.no_grad():
@@ -131,31 +140,36 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
             micros = []
             for samples, positions in zip(mini["micro"], mini["positions"], strict=True):
                 m = pad_micro(samples, PAD_ID)
-                ids, att = m.ids_BL.to(device), m.att_BL.to(device)
-                logp, ent = engine(ids, att, temperature, with_entropy=True, positions=positions)
-                logp, ent = logp.float().cpu(), ent.float().cpu()
                 off_policy_B = m.version_B < version
-                old = behaviour_logprobs(logp, m.rollout_BT, off_policy_B)
-                ref_logp = ref(ids, att, temperature, positions=positions)[0].float().cpu() if ref is not None else None
-                real = (m.mask_BT > 0).double()
-                fresh = real * (~off_policy_B).double().unsqueeze(-1)
-                totals[0] += real.sum()
-                totals[1] += (ent * real).sum()
-                totals[2] += ((logp - m.rollout_BT).abs() * fresh).sum()
+                fresh = (m.mask_BT > 0).double() * (~off_policy_B).double().unsqueeze(-1)
                 totals[3] += fresh.sum()
+                old, ref_logp = m.rollout_BT, None
+                if recompute:
+                    ids, att = m.ids_BL.to(device), m.att_BL.to(device)
+                    logp = engine(ids, att, temperature, positions=positions)[0].float().cpu()
+                    old = behaviour_logprobs(logp, m.rollout_BT, off_policy_B)
+                    totals[2] += ((logp - m.rollout_BT).abs() * fresh).sum()
+                    if ref is not None:
+                        ref_logp = ref(ids, att, temperature, positions=positions)[0].float().cpu()
                 micros.append((m, old, ref_logp, positions))
             prepared.append((mini, micros))
     t_old = time.time() - t0
 
-    # 2. ppo_epochs passes; each mini-batch is one optimizer step.
+    # 2. ppo_epochs passes; each mini-batch is one optimizer step. The first pass also measures the
+    # policy's entropy, each mini-batch at the weights it is updated from (as verl does).
     engine.train()
     grad_norms, steps_before, skipped_before = [], engine.global_steps, engine.skipped_steps
     skipped_seen, trailing_skipped = skipped_before, 0
     micro_per_mini = ds_config(cfg, world)["gradient_accumulation_steps"]
-    for _ in range(t.ppo_epochs):
+    for epoch in range(t.ppo_epochs):
         for mini, micros in prepared:
             for m, old, ref_logp, positions in micros:
-                logp, _ = engine(m.ids_BL.to(device), m.att_BL.to(device), temperature, positions=positions)
+                logp, ent = engine(m.ids_BL.to(device), m.att_BL.to(device), temperature, with_entropy=epoch == 0,
+                                   positions=positions)  # fmt: skip
+                if ent is not None:
+                    real = (m.mask_BT > 0).double()
+                    totals[0] += real.sum()
+                    totals[1] += (ent.float().cpu() * real).sum()
                 loss, stats = dapo_policy_loss(
                     logp, old.to(device), m.adv_B.to(device), m.mask_BT.to(device),
                     eps_low=a.eps_low, eps_high=a.eps_high, clip_ratio_c=a.clip_ratio_c,
@@ -186,7 +200,6 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
     tok = max(float(totals[0]), 1.0)
     metrics = {
         "actor/entropy": float(totals[1]) / tok,
-        "actor/rollout_logprob_diff": float(totals[2]) / max(float(totals[3]), 1.0),
         "actor/off_policy_token_frac": 1.0 - float(totals[3]) / tok,
         **{f"actor/{k}": float(totals[6 + i]) / tok for i, k in enumerate(SUM_KEYS)},
         "actor/grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
@@ -200,6 +213,8 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
     }
     if ref is None:
         del metrics["actor/kl_loss"]
+    if totals[3] > 0:  # undefined without a response of the current version
+        metrics["actor/rollout_logprob_diff"] = float(totals[2] / totals[3])
     if totals[4] > 0:  # undefined when no token was clipped at the upper bound
         metrics["actor/up_clipped_prob"] = float(totals[5] / totals[4])
     return metrics

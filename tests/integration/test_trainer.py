@@ -1,6 +1,7 @@
 """The trainer's RL step on real Ray Train workers with DeepSpeed (2 CPU ranks), without the rollout:
 optimizer steps per ppo_epochs, the gradient norm under every ZeRO stage (and so the chunked log-probs
-under ZeRO-3), the reference model and KL term, and off-policy samples."""
+under ZeRO-3), the reference model and KL term, off-policy samples, and the old-log-prob pass skipped when
+every sample is off-policy."""
 
 import json
 import random
@@ -60,7 +61,8 @@ def _worker(params: dict) -> None:
         Path(params["out"]).write_text(json.dumps(metrics))
 
 
-def run_step(model_dir, tmp_path, overrides: list[str]) -> dict:
+def run_step(model_dir, tmp_path, overrides: list[str], batch: list[dict] | None = None) -> dict:
+    """One train_step at version 5 on `batch` (default: `samples(32, 5)`) on 2 ranks; rank 0's metrics."""
     import ray.cloudpickle
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -70,7 +72,7 @@ def run_step(model_dir, tmp_path, overrides: list[str]) -> dict:
     cfg = load_config(TINY_CFG, [f"rollout.model_path={model_dir}", "trainer.num_workers=2", "trainer.train_batch_size=2",
                                  "rollout.n=16", "trainer.mini_batch_size=16", "trainer.micro_batch_size=4",
                                  "trainer.lr=1e-3", "trainer.warmup_steps=0", "rollout.temperature=0.7", *overrides])  # fmt: skip
-    shards = build_shards(samples(32, current_version=5), 2, cfg.trainer.mini_batch_size, cfg.trainer.micro_batch_size, seed=0)
+    shards = build_shards(batch or samples(32, current_version=5), 2, cfg.trainer.mini_batch_size, cfg.trainer.micro_batch_size, seed=0)
     name = "step-" + "-".join(o.split("=")[1] for o in overrides)
     out = tmp_path / f"{name}.json"
     trainer = TorchTrainer(_worker, train_loop_config={"config": cfg, "shards": shards, "out": str(out)},
@@ -103,3 +105,21 @@ def test_one_epoch_and_no_reference_without_kl(random_model, ray_cluster, tmp_pa
     m = run_step(random_model, tmp_path, ["trainer.zero_stage=1", "trainer.ppo_epochs=1"])
     assert m["actor/updates"] == 2
     assert m["ref_loaded"] == 0.0 and "actor/kl_loss" not in m
+
+
+def test_all_off_policy_skips_the_old_logprob_pass_and_updates_alike(random_model, ray_cluster, tmp_path):
+    """Responses that an older version generated take the engine's log-probs, so with none of the current
+    version the trainer skips its own pass (the steady state when generation overlaps training). The
+    update must be the one the pass would give: a reference model forces the pass, with an `mse` KL term,
+    whose gradient is zero at the one update here (policy = reference)."""
+    stale = [s | {"policy_version": 4} for s in samples(32, current_version=5)]
+    one_update = ["trainer.zero_stage=1", "trainer.ppo_epochs=1", "trainer.mini_batch_size=32"]
+    skipped = run_step(random_model, tmp_path, one_update, stale)
+    recomputed = run_step(random_model, tmp_path, [*one_update, "algorithm.kl_coef=0.5", "algorithm.kl_estimator=mse"], stale)
+    assert (skipped["ref_loaded"], recomputed["ref_loaded"]) == (0.0, 1.0)
+    assert recomputed["actor/kl_loss"] == pytest.approx(0.0, abs=1e-10)
+    assert skipped["actor/updates"] == recomputed["actor/updates"] == 1
+    assert skipped["actor/off_policy_token_frac"] == 1.0 and "actor/rollout_logprob_diff" not in skipped
+    for key in ("actor/grad_norm", "actor/entropy", "actor/ratio_mean", "actor/ppo_kl", "actor/pg_clipfrac"):
+        assert skipped[key] == pytest.approx(recomputed[key], rel=1e-6, abs=1e-9), key
+    assert skipped["actor/entropy"] > 0.0
