@@ -17,8 +17,8 @@ the same cores, so the gain is measured, not assumed. The config's `carry_over` 
 it a carried group would be stale by the step that could use it). The first `--warmup` steps of each
 run are left out of the medians.
 
-    python bench/step.py [--steps 20] [--warmup 3] [--lags 0,2] [--config workflows/configs/tiny_cpu.yaml]
-    python bench/step.py --lags 2 --set trainer.num_workers=1   # a variant: overrides on every setting
+    python bench/step.py [--steps 20] [--warmup 3] [--lags 0,1] [--config workflows/configs/tiny_cpu.yaml]
+    python bench/step.py --lags 1 --set trainer.num_workers=1   # a variant: overrides on every setting
 """
 
 from __future__ import annotations
