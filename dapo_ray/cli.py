@@ -12,7 +12,8 @@ DEFAULT_CONFIG = "workflows/configs/tiny_cpu.yaml"
 
 
 def _check(args: argparse.Namespace) -> int:
-    """Load a config and its data, and run the algorithm layer over it: a self-check that needs no Ray."""
+    """Print the config's placement plan, load its data, and run the algorithm layer over it: a self-check
+    that needs no Ray and no GPU."""
     from dapo_ray.algo import compute_score, group_advantages, keep_group, soft_overlong_penalty
     from dapo_ray.data import load_prompts, synthetic_prompts
 
@@ -21,6 +22,11 @@ def _check(args: argparse.Namespace) -> int:
     print(f"[check] config {args.config}: {t.train_batch_size} prompts x {r.n} responses per step, "
           f"{cfg.updates_per_step} gradient updates per step, eps {a.eps_low}/{a.eps_high}, "
           f"loss {a.loss_agg_mode}, dynamic sampling {'on' if a.dynamic_sampling else 'off'}")  # fmt: skip
+    from dapo_ray.placement import plan
+
+    print("[check] placement, from the config alone (the same on any machine that runs the driver):")
+    for line in plan(cfg):
+        print(f"[check]   {line}")
     t0 = time.time()
     if cfg.data.source == "synthetic":
         rows, held_out = synthetic_prompts(**_synthetic_kwargs(cfg))
@@ -54,6 +60,14 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides)
     build_for(cfg)
+    return 0
+
+
+def _make_random_model(args: argparse.Namespace) -> int:
+    from dapo_ray.random_model import build_random_model
+
+    overrides = {"num_hidden_layers": args.layers} if args.layers else {}
+    build_random_model(args.out, args.shape, dtype=args.dtype, **overrides)
     return 0
 
 
@@ -140,7 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--config", default=DEFAULT_CONFIG, help="YAML config file")
         sp.add_argument("overrides", nargs="*", help="section.key=value overrides")
 
-    c = sub.add_parser("check", help="load a config and its data and self-check the algorithm layer (no Ray)")
+    c = sub.add_parser("check", help="print where a config places its replicas and workers, load its data and "
+                                    "self-check the algorithm layer (no Ray)")
     with_config(c)
     c.set_defaults(func=_check)
     for name, func, text in (("train", _train, "train with DAPO (starts a local Ray cluster unless one is given)"),
@@ -149,6 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
         sp = sub.add_parser(name, help=text)
         with_config(sp)
         sp.set_defaults(func=func)
+    rm = sub.add_parser("make-random-model",
+                        help="write a randomly initialised model of a real model's shape (GPU smoke runs; no hub)")  # fmt: skip
+    rm.add_argument("--shape", default="qwen2.5-0.5b", help="qwen2.5-0.5b, qwen2.5-1.5b, qwen2.5-7b or qwen2.5-32b")
+    rm.add_argument("--out", required=True, help="the model directory to write")
+    rm.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    rm.add_argument("--layers", type=int, help="fewer decoder layers than the real shape (quicker to build)")
+    rm.set_defaults(func=_make_random_model)
     pr = sub.add_parser("prepare", help="de-duplicate and template prompt files into one parquet (Ray Data)")
     pr.add_argument("--input", nargs="+", required=True,
                     help="parquet (verl/DAPO schema, or problem/answer columns) or jsonl files")  # fmt: skip

