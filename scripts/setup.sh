@@ -12,7 +12,7 @@ EXTRA=${DAPO_EXTRA:-cpu}
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 export TORCH_EXTENSIONS_DIR=${TORCH_EXTENSIONS_DIR:-$PWD/.cache/torch_extensions}
-export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
+if [ "$EXTRA" = gpu ]; then export DS_ACCELERATOR=${DS_ACCELERATOR:-cuda}; else export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}; fi
 
 stamp="$VENV/.dapo-ray-setup"
 want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1) $EXTRA"
