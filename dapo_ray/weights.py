@@ -7,9 +7,13 @@ Both sides call this module and nothing else of each other:
   the object store, and readers map them without copying) and hands the reference to the run's
   `WeightStore` actor;
 * **each replica** `await store.wait_newer.remote(serial)`: a long poll that returns the moment a newer
-  publish happens (no polling interval on the critical path); `unpack(ray.get(ref))` then yields
-  (name, tensor) views of the arrays for vLLM's weight loader. Ray moves the buffer to the replica's node
-  (object transfer, no shared file system), once per node however many replicas live there.
+  publish happens (no polling interval on the critical path), with its version and serial;
+* **each vLLM worker of the replica** asks the store for that publish's reference itself
+  (`store.weights.remote(version, serial)`) and `fetch`es it: `unpack(ray.get(ref))` yields (name,
+  tensor) views of the arrays for vLLM's weight loader. Ray moves the buffer to the worker's node (object
+  transfer, no shared file system), once per node however many replicas live there. The reference must
+  come from a Ray call, never through vLLM's own messages to its workers (plain pickle, which drops the
+  reference's owner: its `ray.get` never returns).
 
 Replicas follow the store's publish serial, not the policy version: when Ray Train restarts the trainer
 workers from their last checkpoint, they publish that checkpoint's older version, and every replica
@@ -80,6 +84,11 @@ def fetch(ref_box: list) -> list[tuple[str, torch.Tensor]]:
     return unpack(ray.get(ref_box[0]))
 
 
+class Superseded(RuntimeError):
+    """The store no longer holds the publish asked for: later publishes dropped it (more than `keep`
+    versions since, or a trainer restarted from a checkpoint). Nothing was loaded; load the latest."""
+
+
 @ray.remote(num_cpus=0)
 class WeightStore:
     """The latest published weights (version, object reference, serial) and what each replica serves."""
@@ -113,6 +122,12 @@ class WeightStore:
     async def latest(self) -> tuple[int, list, int]:
         """(version, [reference], serial); ([None] and serial 0 before the first publish)."""
         return self.version, [self.refs.get(self.version)], self.serial
+
+    async def weights(self, version: int, serial: int) -> list:
+        """[reference] of publish `serial` of `version` while the store holds it, else [None] (a later
+        publish dropped it, or published `version` again)."""
+        held = version in self.refs and self.serials.get(version) == serial
+        return [self.refs[version] if held else None]
 
     async def wait_newer(self, serial: int, timeout_s: float) -> tuple[int, list, int]:
         """`latest()` as soon as a publish comes after `serial`, or after `timeout_s` whatever it is."""

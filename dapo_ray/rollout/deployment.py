@@ -5,7 +5,8 @@ through the object store. Every replica
 * loads the latest version in its constructor, so one the autoscaler adds serves the current policy
   before its first request;
 * long-polls the store and loads each publish the moment it happens, then acknowledges it (a publish
-  may also take it back to an older version: the trainer restarted from a checkpoint);
+  may also take it back to an older version: the trainer restarted from a checkpoint); a publish that
+  later ones dropped before it was loaded is skipped for the latest;
 * checks the store again before each generate call, so it never serves a stale policy once a newer one
   is published.
 `wait_synced(version)` returns once every live replica has acknowledged `version`; the driver calls it
@@ -23,9 +24,10 @@ import ray
 from ray import serve
 
 from dapo_ray.config import RolloutConfig
+from dapo_ray.placement import replica_options
 from dapo_ray.ray_metrics import ReplicaMetrics
 from dapo_ray.rollout.engine import Completion, Engine, engine_env
-from dapo_ray.weights import get_store
+from dapo_ray.weights import Superseded, get_store
 
 APP_NAME = "dapo-rollout"
 
@@ -48,7 +50,10 @@ class RolloutServer:
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             kv_cache_gib=cfg.cpu_kvcache_space_gib,
             dtype=cfg.dtype,
+            device=cfg.device,
+            gpu_fraction=cfg.gpu_fraction,
         )
+        self.store_name = store_name
         self.store = get_store(store_name)
         self.replica_id = f"replica-{uuid.uuid4().hex[:8]}"
         self.metrics = ReplicaMetrics(export_metrics, run, self.replica_id)
@@ -61,14 +66,21 @@ class RolloutServer:
     async def _load(self, latest: tuple[int, list, int]) -> int:
         """Load `latest` = (version, [reference], serial) if published after ours and acknowledge; returns
         the version now served. Version 0 is the model directory's weights, which a replica that never
-        loaded anything already serves."""
-        version, ref_box, serial = latest
+        loaded anything already serves. A publish dropped before its load gives way to the store's latest."""
+        while True:
+            try:
+                return await self._load_once(*latest)
+            except Superseded as e:
+                print(f"[rollout {self.replica_id}] {e}", flush=True)
+                latest = await self.store.latest.remote()
+
+    async def _load_once(self, version: int, ref_box: list, serial: int) -> int:
         if serial > self.serial and ref_box[0] is not None:
             async with self.load_lock:
                 if serial > self.serial:
                     if version != 0 or self.serial != 0:  # serial 0: never loaded anything
                         t0 = time.perf_counter()
-                        await asyncio.wrap_future(self.engine.submit_load(ref_box, version))
+                        await asyncio.wrap_future(self.engine.submit_load(self.store_name, version, serial))
                         self.metrics.loaded(version, time.perf_counter() - t0)
                     self.serial = serial
         await self.store.ack.remote(self.replica_id, self.engine.version, self.serial)
@@ -112,6 +124,7 @@ class RolloutServer:
         await self._load(await self.store.latest.remote())
         return await asyncio.wrap_future(self.engine.submit_logprobs(token_ids))
 
+
 def deploy_rollout(cfg: RolloutConfig, max_model_len: int, store_name: str, seed: int, run: str = "",
                    export_metrics: bool = False) -> serve.handle.DeploymentHandle:  # fmt: skip
     """Start (or update) the Serve application; fixed size, or autoscaled when max_replicas > min_replicas.
@@ -124,47 +137,15 @@ def deploy_rollout(cfg: RolloutConfig, max_model_len: int, store_name: str, seed
         }}  # fmt: skip
     else:
         scaling = {"num_replicas": cfg.num_replicas}
-    options = replica_options(cfg, cuda=_cuda_available())
-    options["ray_actor_options"]["runtime_env"] = {"env_vars": engine_env(cfg.cpu_kvcache_space_gib)}
+    options = replica_options(cfg)
+    env = engine_env(cfg.cpu_kvcache_space_gib, cfg.device, cfg.gpu_fraction, cfg.tensor_parallel_size)
+    options["ray_actor_options"]["runtime_env"] = {"env_vars": env}
     # Requests come through deployment handles (Ray Data, the driver), so no HTTP proxy is needed.
     serve.start(proxy_location="Disabled", logging_config={"log_level": "WARNING"})
     app = RolloutServer.options(**options, **scaling).bind(
         dataclasses.asdict(cfg), max_model_len, store_name, seed, run, export_metrics
     )
     return serve.run(app, name=APP_NAME, route_prefix=None)
-
-
-def replica_options(cfg: RolloutConfig, cuda: bool) -> dict:
-    """Where a replica runs. With tensor parallelism, a placement group per replica (STRICT_PACK: one
-    node) of `tensor_parallel_size` one-device bundles, the first also holding the replica actor and the
-    custom resources of `rollout.resources`; vLLM's workers take the bundles, so a replica's devices are
-    reserved together on a node of the rollout group, never on the head or a trainer node. Without it,
-    the actor itself holds the device and the custom resources."""
-    device = "GPU" if cuda else "CPU"
-    resources = dict(cfg.resources)
-    if cfg.tensor_parallel_size > 1:
-        # vLLM allows one device per bundle: on CPU the first bundle's one CPU goes to vLLM's worker.
-        first = {"CPU": 1.0, **resources} if device == "CPU" else {"CPU": 1.0, "GPU": 1.0, **resources}
-        actor_cpus = 0 if device == "CPU" else 1
-        return {
-            "ray_actor_options": {"num_cpus": actor_cpus, "num_gpus": 0, **({"resources": resources} if resources else {})},
-            "placement_group_bundles": [first] + [{device: 1.0} for _ in range(cfg.tensor_parallel_size - 1)],
-            "placement_group_strategy": "STRICT_PACK",
-        }
-    actor: dict = {"num_cpus": cfg.cpus_per_replica}
-    if cuda:
-        actor["num_gpus"] = 1
-    if resources:
-        actor["resources"] = resources
-    return {"ray_actor_options": actor}
-
-
-def _cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
 
 
 def wait_synced(store, version: int, timeout_s: float = 120.0) -> dict[str, int]:

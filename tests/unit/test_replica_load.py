@@ -1,0 +1,73 @@
+"""The replica's weight follower when a publish is dropped before its workers fetched it: it loads the
+store's latest instead and acknowledges that. The engine and the store are stand-ins here (the real ones:
+tests/integration/test_engine_weight_load.py, test_weight_store.py)."""
+
+import asyncio
+from concurrent.futures import Future
+
+from dapo_ray.rollout.deployment import RolloutServer
+from dapo_ray.weights import Superseded
+
+
+class Remote:
+    """`.remote(...)` returning an awaitable, as an actor method's does."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def remote(self, *args):
+        async def call():
+            return self.fn(*args)
+
+        return call()
+
+
+class Store:
+    def __init__(self, latest: tuple) -> None:
+        self.acks: list[tuple] = []
+        self.latest = Remote(lambda: latest)
+        self.ack = Remote(lambda *a: self.acks.append(a))
+
+
+class Engine:
+    """Loads every publish but those in `dropped`, which fail as the real engine's do."""
+
+    def __init__(self, dropped: set[int]) -> None:
+        self.version, self.dropped, self.loads = 1, dropped, []
+
+    def submit_load(self, store_name: str, version: int, serial: int) -> Future:
+        self.loads.append((store_name, version, serial))
+        done: Future = Future()
+        if serial in self.dropped:
+            done.set_exception(Superseded(f"publish {serial} dropped"))
+        else:
+            self.version = version
+            done.set_result(None)
+        return done
+
+
+class Metrics:
+    def loaded(self, version: int, seconds: float) -> None:
+        pass
+
+
+def replica(engine: Engine, store: Store, serial: int) -> RolloutServer:
+    server = RolloutServer.func_or_class.__new__(RolloutServer.func_or_class)
+    server.engine, server.store, server.store_name, server.serial = engine, store, "weights", serial
+    server.replica_id, server.metrics, server.load_lock = "replica-a", Metrics(), asyncio.Lock()
+    return server
+
+
+def test_a_dropped_publish_gives_way_to_the_latest():
+    engine, store = Engine(dropped={2}), Store(latest=(4, ["ref of 4"], 4))
+    server = replica(engine, store, serial=1)
+    assert asyncio.run(server._load((2, ["ref of 2"], 2))) == 4
+    assert engine.loads == [("weights", 2, 2), ("weights", 4, 4)]
+    assert server.serial == 4 and store.acks == [("replica-a", 4, 4)]
+
+
+def test_a_publish_already_served_loads_nothing():
+    engine, store = Engine(dropped=set()), Store(latest=(1, ["ref of 1"], 1))
+    server = replica(engine, store, serial=1)
+    assert asyncio.run(server._load((1, ["ref of 1"], 1))) == 1
+    assert engine.loads == [] and store.acks == [("replica-a", 1, 1)]
