@@ -210,7 +210,13 @@ class TrainerConfig:
     mini_batch_size: int = 512
     """Responses per gradient update; train_batch_size * n / mini_batch_size updates per step."""
     micro_batch_size: int = 8
-    """Responses per forward/backward on one worker (memory only: the loss does not depend on it)."""
+    """Responses per forward/backward on one worker (memory only: the loss does not depend on it); with
+    micro_batch_tokens, the most responses in one."""
+    micro_batch_tokens: int = 0
+    """Pack each worker's part of a mini-batch into micro-batches of at most this many tokens, counted
+    padded (responses x the longest one's prompt + response), longest first (verl's dynamic batch size):
+    fewer forward/backward passes, each of them a full parameter gather under ZeRO-3, when lengths vary.
+    A longer response goes alone. 0: micro_batch_size responses each. Memory only, as micro_batch_size."""
     ppo_epochs: int = 1
     """Passes over each step's batch."""
     lr: float = 1e-6
@@ -243,13 +249,18 @@ class TrainerConfig:
     then land only on nodes that declare them (a trainer node group)."""
     zero_stage: Literal[0, 1, 2, 3] = 1
     """DeepSpeed ZeRO stage."""
+    zero_hpz_partition_size: int = 1
+    """ZeRO-3 only: also keep the parameters partitioned over groups of this many consecutive workers (set
+    it to the GPUs of one node), so backward gathers them inside a node (ZeRO++ hpZ); costs the model's
+    size / this much memory per GPU. 1: off. Not with a KL term (a second ZeRO-3 model)."""
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Parameter / compute dtype of the trainer."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
     logprob_chunk_size: int = 1024
-    """Sequence positions per chunk when turning hidden states into log-probs and entropy: bounds the
-    float32 logits held at once to micro_batch_size x this x vocabulary."""
+    """Tokens (responses x positions) per chunk when turning hidden states into log-probs and entropy:
+    bounds the float32 logits held at once to about this x vocabulary. Every forward runs the same number
+    of chunks, sized for the largest micro-batch (ZeRO-3 wants every pass alike)."""
     save_every: int = 10
     """Checkpoint every this many steps (0: only at the end)."""
     max_failures: int = 3
@@ -537,6 +548,17 @@ def validate(cfg: Config) -> None:
     check(t.max_failures >= -1, f"trainer.max_failures must be >= -1 (-1: no limit), got {t.max_failures}")
     check(t.max_skipped_updates >= 1, f"trainer.max_skipped_updates must be >= 1, got {t.max_skipped_updates}")
     check(t.logprob_chunk_size >= 1, f"trainer.logprob_chunk_size must be >= 1, got {t.logprob_chunk_size}")
+    check(t.micro_batch_tokens >= 0, f"trainer.micro_batch_tokens must be >= 0 (0: off), got {t.micro_batch_tokens}")  # fmt: skip
+    check(t.zero_hpz_partition_size >= 1 and t.num_workers % t.zero_hpz_partition_size == 0
+          and (t.zero_hpz_partition_size == 1 or t.zero_stage == 3),
+          f"trainer.zero_hpz_partition_size ({t.zero_hpz_partition_size}) must divide trainer.num_workers "
+          f"({t.num_workers}), and above 1 needs trainer.zero_stage 3")  # fmt: skip
+    check(t.zero_hpz_partition_size == 1 or a.kl_coef == 0,
+          "trainer.zero_hpz_partition_size > 1 needs algorithm.kl_coef 0: DeepSpeed (0.19.8) makes its hpZ group "
+          "once per process, and the second ZeRO-3 model (the reference) then fails to load")  # fmt: skip
+    check(t.dtype != "bfloat16" or t.zero_stage >= 1,
+          "trainer.dtype bfloat16 needs trainer.zero_stage >= 1: gradients are accumulated in fp32, which "
+          "DeepSpeed does only with ZeRO (without it, it refuses bf16 weights with fp32 accumulation)")  # fmt: skip
     check(
         0 < a.overlong_cache_length < r.max_response_length or not a.soft_overlong,
         f"algorithm.overlong_cache_length ({a.overlong_cache_length}) must be in "

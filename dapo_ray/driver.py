@@ -406,7 +406,7 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
             t1 = time.time()
             due = (t.save_every and (step + 1) % t.save_every == 0) or step + 1 == t.total_steps
             shards = build_shards(flatten_groups(b.groups), t.num_workers, t.mini_batch_size, t.micro_batch_size,
-                                  seed=t.seed + step)  # fmt: skip
+                                  seed=t.seed + step, micro_batch_tokens=t.micro_batch_tokens)  # fmt: skip
             t2 = time.time()
             res = stack.train(shards, b.state | {"totals": totals} if due else None)
             if res["kind"] == "ready":

@@ -1,9 +1,12 @@
 """Turn kept groups into per-rank training shards (driver side, plain Python).
 
-Every rank gets the same structure, so DeepSpeed's fixed gradient-accumulation count and its
-collectives line up: `mini_batches` x `micro_per_mini` micro-batches of `micro_batch_size` responses.
-A partial batch (dynamic sampling hit its cap) is padded with zero-weight dummy responses, which add
-nothing to the loss, its gradient or the token counts.
+Each mini-batch is split over the ranks and, on each rank, into micro-batches: `micro_batch_size`
+responses each, or, with a token budget, packed so that each micro-batch's padded size (responses x
+longest sequence) stays within it (verl's dynamic batch size). Every rank gets the same number of
+mini-batches and, in each, of micro-batches: DeepSpeed reduces gradients at each mini-batch's last
+micro-batch and ZeRO-3 gathers parameters in every forward and backward, collectives that every rank must
+join. A rank with less to do, or a partial batch (dynamic sampling hit its cap), is padded with
+zero-weight dummy responses, which add nothing to the loss, its gradient or the token counts.
 
 Each mini-batch carries its global `total_tokens` / `total_seqs` (over all ranks and micro-batches),
 which the loss divides by, so the update is the same however the batch is split (Eq. 12).
@@ -80,26 +83,59 @@ def pad_micro(micro: list[Sample], pad_id: int) -> Micro:
 
 
 def build_shards(samples: list[Sample], world_size: int, mini_batch_size: int, micro_batch_size: int,
-                 seed: int) -> list[list[dict]]:  # fmt: skip
-    """shards[rank] = list of mini-batches; a mini-batch = {"micro": [[Sample]], "total_tokens", "total_seqs",
-    "positions": [target positions of each micro-batch index, the same on every rank]}."""
+                 seed: int, micro_batch_tokens: int = 0) -> list[list[dict]]:  # fmt: skip
+    """shards[rank] = list of mini-batches, each {"micro": [[Sample]], "total_tokens", "total_seqs"}.
+
+    Samples are shuffled (`seed`) and cut into mini-batches of `mini_batch_size`. Without a token budget
+    (`micro_batch_tokens` 0) rank r takes every world_size-th response of a mini-batch (padded with dummies
+    to a full one) in micro-batches of `micro_batch_size`. With one, the ranks share the mini-batch's
+    responses by length (each response, longest first, to the rank with the fewest tokens so far), each
+    rank packs its part (`pack_by_tokens`), and ranks with fewer micro-batches get one-dummy micro-batches
+    up to the most any rank has."""
     samples = list(samples)
     random.Random(seed).shuffle(samples)
-    per_rank = mini_batch_size // world_size
-    micro_per_mini = per_rank // micro_batch_size
     n_mini = max(1, math.ceil(len(samples) / mini_batch_size))
     shards: list[list[dict]] = [[] for _ in range(world_size)]
     for m in range(n_mini):
         chunk = samples[m * mini_batch_size : (m + 1) * mini_batch_size]
         tokens = sum((len(s["input_ids"]) - s["n_prompt"]) * s["weight"] for s in chunk)
         seqs = sum(1 for s in chunk if s["weight"] > 0 and len(s["input_ids"]) > s["n_prompt"])
-        chunk = chunk + [DUMMY] * (mini_batch_size - len(chunk))
-        micro = [[chunk[r::world_size][i * micro_batch_size : (i + 1) * micro_batch_size] for i in range(micro_per_mini)]
-                 for r in range(world_size)]  # fmt: skip
-        # The longest sequence of each micro-batch index over all ranks: every rank runs the chunked
-        # output head over as many positions, so its ZeRO-3 gathers line up (PolicyLM.forward).
-        widths = [max(len(s["input_ids"]) for r in range(world_size) for s in micro[r][i]) for i in range(micro_per_mini)]
+        if micro_batch_tokens:
+            parts = _share_by_length(chunk, world_size)
+            micro = [pack_by_tokens(part, micro_batch_tokens, micro_batch_size) for part in parts]
+            n_micro = max(1, max(len(x) for x in micro))
+            micro = [x + [[DUMMY]] * (n_micro - len(x)) for x in micro]
+        else:
+            chunk = chunk + [DUMMY] * (mini_batch_size - len(chunk))
+            per_rank = mini_batch_size // world_size
+            micro = [[chunk[r::world_size][i : i + micro_batch_size] for i in range(0, per_rank, micro_batch_size)]
+                     for r in range(world_size)]  # fmt: skip
         for r in range(world_size):
-            shards[r].append({"micro": micro[r], "total_tokens": float(tokens), "total_seqs": float(seqs),
-                              "positions": [w - 1 for w in widths]})  # fmt: skip
+            shards[r].append({"micro": micro[r], "total_tokens": float(tokens), "total_seqs": float(seqs)})
     return shards
+
+
+def _share_by_length(chunk: list[Sample], world_size: int) -> list[list[Sample]]:
+    """Each response, longest first, to the rank holding the fewest tokens so far (the lowest on a tie)."""
+    parts: list[list[Sample]] = [[] for _ in range(world_size)]
+    load = [0] * world_size
+    for s in sorted(chunk, key=lambda s: -len(s["input_ids"])):
+        r = min(range(world_size), key=load.__getitem__)
+        parts[r].append(s)
+        load[r] += len(s["input_ids"])
+    return parts
+
+
+def pack_by_tokens(part: list[Sample], budget: int, max_responses: int) -> list[list[Sample]]:
+    """`part` in micro-batches whose padded size, responses x the longest one's length, stays within
+    `budget`, of at most `max_responses` responses: sorted longest first and cut into consecutive runs
+    (each run's first response is its longest). A response longer than `budget` gets a micro-batch of
+    its own. Example: lengths 90, 50, 40, 30, 10 with budget 100 -> [90], [50, 40], [30, 10]."""
+    micro: list[list[Sample]] = []
+    for s in sorted(part, key=lambda s: -len(s["input_ids"])):
+        run = micro[-1] if micro else None
+        if run is None or len(run) == max_responses or (len(run) + 1) * len(run[0]["input_ids"]) > budget:
+            micro.append([s])
+        else:
+            run.append(s)
+    return micro

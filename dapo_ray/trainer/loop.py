@@ -22,7 +22,9 @@ import torch
 from dapo_ray.algo import behaviour_logprobs, dapo_policy_loss
 from dapo_ray.config import Config
 from dapo_ray.ray_metrics import TrainerMetrics, run_name
+from dapo_ray.trainer import collective
 from dapo_ray.trainer.batch import pad_micro
+from dapo_ray.trainer.policy import PolicyLM, head_chunks
 
 # Loss statistics averaged over tokens (weighted by each micro-batch's token count).
 SUM_KEYS = ("pg_clipfrac", "clipfrac_high", "clipfrac_low", "pg_clipfrac_lower", "ppo_kl", "ratio_mean", "kl_loss")
@@ -31,17 +33,40 @@ PAD_ID = 0
 
 def ds_config(cfg: Config, world: int) -> dict:
     t = cfg.trainer
-    return {
+    zero: dict = {"stage": t.zero_stage}
+    if t.zero_hpz_partition_size > 1:
+        # ZeRO++ hpZ: a second copy of the parameters partitioned within each node (Ray Train numbers
+        # the workers of a node consecutively), so backward's all-gathers stay off the network.
+        zero["zero_hpz_partition_size"] = t.zero_hpz_partition_size
+    config = {
+        # Nominal sizes: train_step marks each mini-batch's last micro-batch as the accumulation boundary
+        # and scales the loss itself, so DeepSpeed's count is not used (micro_batch_tokens varies it).
         "train_micro_batch_size_per_gpu": t.micro_batch_size,
         "gradient_accumulation_steps": t.mini_batch_size // world // t.micro_batch_size,
         "gradient_clipping": t.grad_clip,
-        "zero_optimization": {"stage": t.zero_stage},
+        "zero_optimization": zero,
         # A NaN/inf gradient skips the update (counted in engine.skipped_steps) rather than poisoning the
         # weights: DeepSpeed's ZeRO optimizers check it for fp32, and for bf16 when asked; GuardedAdamW
         # does it without ZeRO.
         "bf16": {"enabled": t.dtype == "bfloat16", "check_grad_overflow": True},
         "steps_per_print": 10**9,
     }
+    if t.dtype == "bfloat16":
+        # Sum the micro-batches' gradients in fp32: in bf16 (8 significant bits) a micro-batch whose
+        # gradient is under ~1/256 of the running sum adds nothing. DeepSpeed honours this under ZeRO 1
+        # (as its BF16_Optimizer), 2 and 3, and refuses it without ZeRO (validate() refuses bf16 there).
+        config["data_types"] = {"grad_accum_dtype": "fp32"}
+    return config
+
+
+def logprob_chunks(cfg: Config) -> int:
+    """Chunks of the output head in every forward (`PolicyLM`): the largest micro-batch (micro_batch_tokens,
+    or one longest sequence if longer; without a budget micro_batch_size longest sequences) in chunks of
+    about logprob_chunk_size tokens."""
+    t = cfg.trainer
+    longest = cfg.max_model_len
+    largest = max(t.micro_batch_tokens, longest) if t.micro_batch_tokens else t.micro_batch_size * longest
+    return head_chunks(largest, t.logprob_chunk_size)
 
 
 class GuardedAdamW(torch.optim.AdamW):
@@ -75,7 +100,6 @@ def build_engines(cfg: Config, world: int):
     model)."""
     import deepspeed
 
-    from dapo_ray.trainer.policy import PolicyLM
     from dapo_ray.trainer.zero import load_causal_lm
 
     t = cfg.trainer
@@ -84,12 +108,12 @@ def build_engines(cfg: Config, world: int):
     lm = load_causal_lm(cfg.rollout.model_path, dtype, config)
     if t.gradient_checkpointing:
         lm.gradient_checkpointing_enable()
-    policy = PolicyLM(lm, t.logprob_chunk_size)
+    policy = PolicyLM(lm, logprob_chunks(cfg))
     optimizer = make_optimizer(policy.parameters(), cfg)
     engine, *_ = deepspeed.initialize(model=policy, optimizer=optimizer, config=config)
     ref = None
     if cfg.algorithm.kl_coef > 0:
-        ref = PolicyLM(load_causal_lm(cfg.rollout.model_path, dtype, config), t.logprob_chunk_size)
+        ref = PolicyLM(load_causal_lm(cfg.rollout.model_path, dtype, config), logprob_chunks(cfg))
         ref.requires_grad_(False)
         ref.eval()
         if t.zero_stage == 3:  # stays partitioned; DeepSpeed gathers each layer as it runs
@@ -110,8 +134,6 @@ def _grad_norm(engine) -> float:
 def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world: int) -> dict[str, float]:
     """One RL step's updates on this rank's shard; `version` is the policy version of the current
     weights. Returns metrics that are already reduced over ranks."""
-    import torch.distributed as dist
-
     t, a = cfg.trainer, cfg.algorithm
     temperature = cfg.rollout.temperature
     device = engine.device
@@ -130,15 +152,14 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
     # decides alike: under ZeRO-3 a forward is a collective.
     fresh_here = any(s["weight"] > 0 and s["policy_version"] >= version
                      for mini in shard for micro in mini["micro"] for s in micro)  # fmt: skip
-    any_fresh = torch.tensor([float(fresh_here)])
-    dist.all_reduce(any_fresh, op=dist.ReduceOp.MAX)
+    any_fresh = collective.all_reduce(torch.tensor([float(fresh_here)]), device, op="max")
     recompute = ref is not None or bool(any_fresh.item())
     engine.eval()
     prepared = []
     with torch.no_grad():
         for mini in shard:
             micros = []
-            for samples, positions in zip(mini["micro"], mini["positions"], strict=True):
+            for samples in mini["micro"]:
                 m = pad_micro(samples, PAD_ID)
                 off_policy_B = m.version_B < version
                 fresh = (m.mask_BT > 0).double() * (~off_policy_B).double().unsqueeze(-1)
@@ -146,12 +167,12 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
                 old, ref_logp = m.rollout_BT, None
                 if recompute:
                     ids, att = m.ids_BL.to(device), m.att_BL.to(device)
-                    logp = engine(ids, att, temperature, positions=positions)[0].float().cpu()
+                    logp = engine(ids, att, temperature)[0].float().cpu()
                     old = behaviour_logprobs(logp, m.rollout_BT, off_policy_B)
                     totals[2] += ((logp - m.rollout_BT).abs() * fresh).sum()
                     if ref is not None:
-                        ref_logp = ref(ids, att, temperature, positions=positions)[0].float().cpu()
-                micros.append((m, old, ref_logp, positions))
+                        ref_logp = ref(ids, att, temperature)[0].float().cpu()
+                micros.append((m, old, ref_logp))
             prepared.append((mini, micros))
     t_old = time.time() - t0
 
@@ -160,12 +181,15 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
     engine.train()
     grad_norms, steps_before, skipped_before = [], engine.global_steps, engine.skipped_steps
     skipped_seen, trailing_skipped = skipped_before, 0
-    micro_per_mini = ds_config(cfg, world)["gradient_accumulation_steps"]
     for epoch in range(t.ppo_epochs):
         for mini, micros in prepared:
-            for m, old, ref_logp, positions in micros:
-                logp, ent = engine(m.ids_BL.to(device), m.att_BL.to(device), temperature, with_entropy=epoch == 0,
-                                   positions=positions)  # fmt: skip
+            for i, (m, old, ref_logp) in enumerate(micros):
+                # The mini-batch's last micro-batch is the accumulation boundary (gradients reduced over
+                # ranks, one optimizer step), marked here: with micro_batch_tokens the count varies from
+                # one mini-batch to the next (it is the same on every rank: build_shards).
+                engine.set_gradient_accumulation_boundary(i == len(micros) - 1)
+                ids, att = m.ids_BL.to(device), m.att_BL.to(device)
+                logp, ent = engine(ids, att, temperature, with_entropy=epoch == 0)
                 if ent is not None:
                     real = (m.mask_BT > 0).double()
                     totals[0] += real.sum()
@@ -177,17 +201,18 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
                     kl_coef=a.kl_coef, ref_logp_BT=None if ref_logp is None else ref_logp.to(device),
                     kl_estimator=a.kl_estimator,
                 )  # fmt: skip
-                # DeepSpeed divides by the accumulation count and averages over ranks; the global
-                # denominators already make the sum exact, so undo both.
-                engine.backward(loss * micro_per_mini * world)
-                stage0_norm = _grad_norm(engine) if t.zero_stage == 0 and engine.is_gradient_accumulation_boundary() else None
-                engine.step()
+                # The global denominators already make the sum over micro-batches and ranks exact:
+                # DeepSpeed must not divide by its accumulation count (scale_wrt_gas) and its average
+                # over ranks is undone.
+                engine.backward(loss * world, scale_wrt_gas=False)
                 n = stats["n_tokens"] / t.ppo_epochs  # statistics: the mean over epochs
                 if stats["up_clipped_tokens"]:
                     totals[4] += stats["up_clipped_tokens"] / t.ppo_epochs
                     totals[5] += stats["up_clipped_prob"] * stats["up_clipped_tokens"] / t.ppo_epochs
-                for i, k in enumerate(SUM_KEYS):
-                    totals[6 + i] += stats.get(k, 0.0) * n
+                for j, k in enumerate(SUM_KEYS):
+                    totals[6 + j] += stats.get(k, 0.0) * n
+            stage0_norm = _grad_norm(engine) if t.zero_stage == 0 else None
+            engine.step()
             if engine.skipped_steps > skipped_seen:  # this update held a NaN/inf: not applied
                 skipped_seen, trailing_skipped = engine.skipped_steps, trailing_skipped + 1
             else:
@@ -195,7 +220,7 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
                 grad_norms.append(stage0_norm if stage0_norm is not None else float(engine.get_global_grad_norm() or 0.0))
     t_update = time.time() - t0 - t_old
     local_tokens = float(totals[0]) * t.ppo_epochs
-    dist.all_reduce(totals)
+    totals = collective.all_reduce(totals, device)
 
     tok = max(float(totals[0]), 1.0)
     metrics = {
@@ -310,21 +335,17 @@ def train_loop(params: dict) -> None:
     step, driver_state = 0, None
     ckpt = ray.train.get_checkpoint()
     if ckpt is not None:
-        # Each worker restores from its own download: `as_directory()` shares one download among the
-        # workers of a node, and a worker that takes its lock after another finished downloads again,
-        # over the files the other is reading (a truncated ZeRO shard on resume from object storage).
-        d = Path(tempfile.mkdtemp(prefix="dapo-restore-"))
-        try:
-            ckpt.to_directory(str(d))
-            engine.load_checkpoint(str(d), tag="ckpt", load_module_strict=True)
-            driver_state = json.loads((d / "driver_state.json").read_text())
-            step = driver_state["step"]
-        finally:
-            shutil.rmtree(d, ignore_errors=True)
+        # Each worker fetches only the files its rank reads, into a directory of its own: `as_directory()`
+        # shares one download among the workers of a node, and a worker that takes its lock after another
+        # finished downloads again, over the files the other is reading (a truncated ZeRO shard).
+        from dapo_ray.trainer.restore import restore
+
+        driver_state = restore(engine, ckpt, tag="ckpt").driver_state
+        step = driver_state["step"]
     publish_weights(engine, step, store, t.zero_stage, rank)
     if rank == 0:  # after a restart by Ray Train too: the driver goes back to this step and driver_state
         ray.get(channel.put_result.remote({"kind": "ready", "step": step, "driver_state": driver_state}))
-    torch.distributed.barrier()  # no rank takes a shard before the channel has heard "ready"
+    collective.barrier(engine.device)  # no rank takes a shard before the channel has heard "ready"
 
     while True:
         item = ray.get(channel.get_shard.remote(rank))

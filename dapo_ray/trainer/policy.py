@@ -9,40 +9,54 @@ vocabulary projection runs chunk by chunk along the sequence (`algo.logprob`): a
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from dapo_ray.algo.logprob import chunked_token_logprobs
 
 
+def head_chunks(largest_micro_tokens: int, chunk_tokens: int) -> int:
+    """How many chunks every forward splits the output head into, so that the largest micro-batch's
+    chunk holds about `chunk_tokens` tokens (responses x positions) of logits.
+    Example: 24576 tokens a micro-batch at most, 1024 a chunk -> 24 chunks."""
+    return max(1, math.ceil(largest_micro_tokens / chunk_tokens))
+
+
 class PolicyLM(torch.nn.Module):
-    def __init__(self, lm: torch.nn.Module, chunk_size: int = 1024) -> None:
+    def __init__(self, lm: torch.nn.Module, n_chunks: int = 1) -> None:
         super().__init__()
         self.lm = lm
-        self.chunk_size = chunk_size
+        self.n_chunks = n_chunks
 
     def forward(
-        self,
-        ids_BL: torch.Tensor,
-        att_BL: torch.Tensor,
-        temperature: float = 1.0,
-        with_entropy: bool = False,
-        positions: int | None = None,
+        self, ids_BL: torch.Tensor, att_BL: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(logp_BT, entropy_BT or None) with T = L - 1: position t scores token t + 1 under the
         temperature-scaled distribution (the one the engine sampled from).
 
-        `positions` (>= T) pads the hidden states with zeros to that many positions before the chunked
-        head, and drops the padding after. Under ZeRO-3 every call of the head gathers its weight, a
-        collective, so every rank must make the same number of calls: ranks pass the same `positions`
-        (the longest of their micro-batches, see `batch.build_shards`). Only the head runs on the padding."""
-        hidden_BTH = self.lm.get_decoder()(input_ids=ids_BL, attention_mask=att_BL).last_hidden_state[:, :-1]
+        The head runs in exactly `n_chunks` calls whatever the shape: ceil(T / n_chunks) positions each,
+        the hidden states padded with zeros to n_chunks of them (fewer than n_chunks positions of padding,
+        on which only the head runs, dropped after). Under ZeRO-3 each call gathers the head's weight, a
+        collective; DeepSpeed records the order in which modules run in one pass (its prefetch trace),
+        checks that it is the same on every rank, and drops the trace (back to fetching on demand) when a
+        later pass departs from it. A fixed count makes every forward, and its backward recompute, alike
+        on every rank and for every micro-batch, whatever its rows and length.
+
+        No KV cache: `use_cache` defaults to the model config's (true for Qwen2) and transformers turns it
+        off only for gradient checkpointing in training; a no-grad pass would build one (~6 GB at 32B and
+        22.5k tokens) for nothing."""
+        out = self.lm.get_decoder()(input_ids=ids_BL, attention_mask=att_BL, use_cache=False)
+        hidden_BTH = out.last_hidden_state[:, :-1]
         tokens_BT = ids_BL[:, 1:]
         T = tokens_BT.shape[1]
-        if positions is not None and positions > T:
-            hidden_BTH = torch.nn.functional.pad(hidden_BTH, (0, 0, 0, positions - T))
-            tokens_BT = torch.nn.functional.pad(tokens_BT, (0, positions - T))
+        chunk = max(1, math.ceil(T / self.n_chunks))
+        pad = chunk * self.n_chunks - T
+        if pad:
+            hidden_BTH = torch.nn.functional.pad(hidden_BTH, (0, 0, 0, pad))
+            tokens_BT = torch.nn.functional.pad(tokens_BT, (0, pad))
         logp_BT, ent_BT = chunked_token_logprobs(
             hidden_BTH, self.lm.get_output_embeddings(), tokens_BT,
-            temperature=temperature, chunk_size=self.chunk_size, with_entropy=with_entropy,
+            temperature=temperature, chunk_size=chunk, with_entropy=with_entropy,
         )  # fmt: skip
         return logp_BT[:, :T], None if ent_BT is None else ent_BT[:, :T]

@@ -1,7 +1,8 @@
 """The trainer's RL step on real Ray Train workers with DeepSpeed (2 CPU ranks), without the rollout:
 optimizer steps per ppo_epochs, the gradient norm under every ZeRO stage (and so the chunked log-probs
-under ZeRO-3), the reference model and KL term, off-policy samples, and the old-log-prob pass skipped when
-every sample is off-policy."""
+under ZeRO-3), the reference model and KL term, off-policy samples, the old-log-prob pass skipped when
+every sample is off-policy, micro-batches packed to a token budget, and the update against the gradient
+of the whole batch computed without DeepSpeed."""
 
 import json
 import random
@@ -13,7 +14,7 @@ import torch
 
 from dapo_ray.config import load_config
 from dapo_ray.tiny_model import build_tokenizer, tiny_config
-from dapo_ray.trainer.batch import build_shards
+from dapo_ray.trainer.batch import DUMMY, build_shards
 
 TINY_CFG = Path(__file__).resolve().parents[2] / "workflows" / "configs" / "tiny_cpu.yaml"
 
@@ -50,43 +51,58 @@ def _worker(params: dict) -> None:
     import ray.train
 
     from dapo_ray.trainer.loop import build_engines, train_step
+    from dapo_ray.trainer.zero import full_state_dict_cpu
 
     cfg = params["config"]
     ctx = ray.train.get_context()
+    rank = ctx.get_world_rank()
     torch.manual_seed(0)
     engine, ref = build_engines(cfg, ctx.get_world_size())
-    metrics = train_step(engine, ref, params["shards"][ctx.get_world_rank()], 5, cfg, ctx.get_world_size())
+    metrics = train_step(engine, ref, params["shards"][rank], 5, cfg, ctx.get_world_size())
     metrics["ref_loaded"] = float(ref is not None)
-    if ctx.get_world_rank() == 0:  # the test runs on this machine: a file is the simplest way back
+    weights = full_state_dict_cpu(engine.module.lm, cfg.trainer.zero_stage, rank)  # every rank: a collective
+    if rank == 0:  # the test runs on this machine: a file is the simplest way back
         Path(params["out"]).write_text(json.dumps(metrics))
+        torch.save(weights, Path(params["out"]).with_suffix(".pt"))
+
+
+def step_config(model_dir, overrides: list[str]):
+    return load_config(TINY_CFG, [f"rollout.model_path={model_dir}", "trainer.num_workers=2", "trainer.train_batch_size=2",
+                                  "rollout.n=16", "trainer.mini_batch_size=16", "trainer.micro_batch_size=4",
+                                  "trainer.lr=1e-3", "trainer.warmup_steps=0", "rollout.temperature=0.7", *overrides])  # fmt: skip
+
+
+def shards_of(cfg, batch: list[dict]) -> list[list[dict]]:
+    t = cfg.trainer
+    return build_shards(batch, 2, t.mini_batch_size, t.micro_batch_size, seed=0, micro_batch_tokens=t.micro_batch_tokens)
 
 
 def run_step(model_dir, tmp_path, overrides: list[str], batch: list[dict] | None = None) -> dict:
-    """One train_step at version 5 on `batch` (default: `samples(32, 5)`) on 2 ranks; rank 0's metrics."""
+    """One train_step at version 5 on `batch` (default: `samples(32, 5)`) on 2 ranks; rank 0's metrics, and
+    the weights after it under "weights"."""
     import ray.cloudpickle
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import a test module
 
-    cfg = load_config(TINY_CFG, [f"rollout.model_path={model_dir}", "trainer.num_workers=2", "trainer.train_batch_size=2",
-                                 "rollout.n=16", "trainer.mini_batch_size=16", "trainer.micro_batch_size=4",
-                                 "trainer.lr=1e-3", "trainer.warmup_steps=0", "rollout.temperature=0.7", *overrides])  # fmt: skip
-    shards = build_shards(batch or samples(32, current_version=5), 2, cfg.trainer.mini_batch_size, cfg.trainer.micro_batch_size, seed=0)
+    cfg = step_config(model_dir, overrides)
+    shards = shards_of(cfg, batch or samples(32, current_version=5))
     name = "step-" + "-".join(o.split("=")[1] for o in overrides)
     out = tmp_path / f"{name}.json"
     trainer = TorchTrainer(_worker, train_loop_config={"config": cfg, "shards": shards, "out": str(out)},
                            scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
                            run_config=RunConfig(name=name, storage_path=str(tmp_path)))  # fmt: skip
     trainer.fit()
-    return json.loads(out.read_text())
+    return json.loads(out.read_text()) | {"weights": torch.load(out.with_suffix(".pt"), weights_only=True)}
 
 
 def test_epochs_kl_and_grad_norm_under_every_zero_stage(random_model, ray_cluster, tmp_path):
     common = ["trainer.ppo_epochs=2", "algorithm.kl_coef=0.1"]
     by_stage = {s: run_step(random_model, tmp_path, [f"trainer.zero_stage={s}", *common]) for s in (0, 1)}
-    # ZeRO-3 with tiny chunks: the chunked log-probs (recomputed per chunk in backward) under partitioning.
-    by_stage[3] = run_step(random_model, tmp_path, ["trainer.zero_stage=3", *common, "trainer.logprob_chunk_size=3"])
+    # ZeRO-3 with small chunks (5 a forward): the chunked log-probs (recomputed per chunk in backward) under
+    # partitioning.
+    by_stage[3] = run_step(random_model, tmp_path, ["trainer.zero_stage=3", *common, "trainer.logprob_chunk_size=100"])
     for stage, m in by_stage.items():
         # 32 responses / mini-batch 16 = 2 optimizer steps per epoch, 2 epochs.
         assert m["actor/updates"] == 4, stage
@@ -123,3 +139,80 @@ def test_all_off_policy_skips_the_old_logprob_pass_and_updates_alike(random_mode
     for key in ("actor/grad_norm", "actor/entropy", "actor/ratio_mean", "actor/ppo_kl", "actor/pg_clipfrac"):
         assert skipped[key] == pytest.approx(recomputed[key], rel=1e-6, abs=1e-9), key
     assert skipped["actor/entropy"] > 0.0
+
+
+BUDGET = "trainer.micro_batch_tokens=30"
+
+
+def test_the_token_budget_splits_as_tested():
+    """What the budget tests below train on: per rank 4 micro-batches in one mini-batch and 5 in the other,
+    some of one response, a one-dummy micro-batch padding a rank; without it 2 of 4 responses."""
+    shards = shards_of(step_config("unused", [BUDGET]), samples(32, current_version=5))
+    assert [[len(mini["micro"]) for mini in shard] for shard in shards] == [[4, 5], [4, 5]]
+    micros = [micro for shard in shards for mini in shard for micro in mini["micro"]]
+    assert [DUMMY] in micros and any(len(m) == 1 and m != [DUMMY] for m in micros)
+    assert all(len(m) * max(len(s["input_ids"]) for s in m) <= 30 for m in micros)
+    fixed = shards_of(step_config("unused", []), samples(32, current_version=5))
+    assert [[len(mini["micro"]) for mini in shard] for shard in fixed] == [[2, 2], [2, 2]]
+
+
+@pytest.mark.parametrize("stage, extra", [(1, []), (3, ["trainer.zero_hpz_partition_size=2"])])
+def test_a_token_budget_gives_the_same_update(random_model, ray_cluster, tmp_path, stage, extra):
+    """The same batch with micro-batches packed to a token budget or of micro_batch_size responses: the same
+    two updates, whatever DeepSpeed's nominal accumulation count (4 without the budget). Under ZeRO-3 the
+    packed run also keeps ZeRO++'s secondary partition (hpZ; over both ranks here, as over a node's GPUs)."""
+    off = run_step(random_model, tmp_path, [f"trainer.zero_stage={stage}"])
+    on = run_step(random_model, tmp_path, [f"trainer.zero_stage={stage}", BUDGET, *extra])
+    assert on["actor/updates"] == off["actor/updates"] == 2
+    for key in ("actor/grad_norm", "actor/entropy", "actor/ratio_mean", "actor/pg_clipfrac", "actor/ppo_kl"):
+        assert on[key] == pytest.approx(off[key], rel=1e-5, abs=1e-9), key
+    from safetensors.torch import load_file
+
+    before = load_file(str(random_model / "model.safetensors"))
+    assert on["weights"].keys() == off["weights"].keys() == before.keys()
+    assert max(float((w - before[n]).abs().max()) for n, w in off["weights"].items()) > 1e-4  # they moved
+    for name, w in off["weights"].items():
+        # Adam divides each gradient by its own running size, so an element whose gradient is near zero
+        # amplifies float rounding (measured: a few of ~150k elements off by up to 3e-6); 1e-5 is 1% of a
+        # step at lr 1e-3.
+        torch.testing.assert_close(on["weights"][name], w, rtol=0, atol=1e-5, msg=name)
+
+
+def _whole_batch_grad_norm(model_dir, cfg, batch: list[dict], version: int) -> float:
+    """The norm of the gradient of the DAPO loss of the whole batch as one tensor, in this process without
+    DeepSpeed: the behaviour log-probs are the model's for responses of `version`, the engine's for older."""
+    from transformers import AutoModelForCausalLM
+
+    from dapo_ray.algo import behaviour_logprobs, dapo_policy_loss
+    from dapo_ray.trainer.batch import pad_micro
+    from dapo_ray.trainer.policy import PolicyLM
+
+    a, temperature = cfg.algorithm, cfg.rollout.temperature
+    policy = PolicyLM(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32))
+    m = pad_micro(batch, 0)
+    with torch.no_grad():
+        old = behaviour_logprobs(policy(m.ids_BL, m.att_BL, temperature)[0], m.rollout_BT, m.version_B < version)
+    logp, _ = policy(m.ids_BL, m.att_BL, temperature)
+    tokens = sum(len(s["input_ids"]) - s["n_prompt"] for s in batch)
+    loss, _ = dapo_policy_loss(logp, old, m.adv_B, m.mask_BT, eps_low=a.eps_low, eps_high=a.eps_high,
+                               clip_ratio_c=a.clip_ratio_c, loss_agg_mode=a.loss_agg_mode, total_tokens=tokens,
+                               total_seqs=len(batch))  # fmt: skip
+    loss.backward()
+    return float(torch.nn.utils.get_total_norm([p.grad for p in policy.parameters() if p.grad is not None]))
+
+
+@pytest.mark.parametrize("stage, budget", [(0, ""), (3, "trainer.micro_batch_tokens=44")])
+def test_the_update_is_the_gradient_of_the_whole_batch(random_model, ray_cluster, tmp_path, stage, budget):
+    """One update from the whole batch, split over 2 ranks and micro-batches (2 of 8 responses each; or,
+    packed to 44 tokens, 6 of 1-4 responses, one of them a dummy): DeepSpeed's gradient is the whole
+    batch's, neither divided by its accumulation count nor averaged over ranks."""
+    batch = samples(32, current_version=5)
+    one_update = [f"trainer.zero_stage={stage}", "trainer.mini_batch_size=32", "trainer.micro_batch_size=8"]
+    if budget:
+        shards = shards_of(step_config(random_model, [*one_update, budget]), batch)
+        assert [len(shard[0]["micro"]) for shard in shards] == [6, 6]
+        assert any([DUMMY] in shard[0]["micro"] for shard in shards)
+    m = run_step(random_model, tmp_path, [*one_update, budget] if budget else one_update, batch)
+    want = _whole_batch_grad_norm(random_model, step_config(random_model, one_update), batch, version=5)
+    assert m["actor/updates"] == 1
+    assert m["actor/grad_norm"] == pytest.approx(want, rel=1e-5)

@@ -1,0 +1,81 @@
+"""PolicyLM, the trainer's forward: no KV cache, and the same number of output-head calls whatever the
+micro-batch's shape (ZeRO-3 gathers the head at each call and wants every pass alike)."""
+
+import pytest
+import torch
+
+from dapo_ray.algo.loss import token_logprobs
+from dapo_ray.config import load_config
+from dapo_ray.trainer.loop import logprob_chunks
+from dapo_ray.trainer.policy import PolicyLM, head_chunks
+
+
+@pytest.fixture(scope="module")
+def lm():
+    from transformers import Qwen2ForCausalLM
+
+    from dapo_ray.tiny_model import tiny_config
+
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(tiny_config(vocab_size=97, hidden=32, layers=2)).eval()
+
+
+def _batch(B: int, L: int, seed: int = 0):
+    ids = torch.randint(1, 97, (B, L), generator=torch.Generator().manual_seed(seed))
+    att = torch.ones_like(ids)
+    att[0, L // 2 :] = 0  # a shorter first row, as padding makes
+    return ids, att
+
+
+def test_no_kv_cache_in_a_no_grad_forward(lm):
+    seen = []
+    hook = lm.get_decoder().register_forward_hook(lambda mod, args, kwargs, out: seen.append(out), with_kwargs=True)
+    try:
+        ids, att = _batch(2, 9)
+        with torch.no_grad():
+            PolicyLM(lm)(ids, att)
+            # What the decoder does when not told (eval mode, config.use_cache true): it builds a cache.
+            default = lm.get_decoder()(input_ids=ids, attention_mask=att)
+    finally:
+        hook.remove()
+    assert lm.config.use_cache and default.past_key_values is not None
+    assert seen[0].past_key_values is None
+
+
+@pytest.mark.parametrize("shape", [(1, 2), (1, 5), (3, 9), (2, 40), (4, 33)])
+@pytest.mark.parametrize("n_chunks", [1, 3, 8])
+def test_the_head_runs_n_chunks_times_whatever_the_shape(lm, shape, n_chunks):
+    calls = []
+    hook = lm.get_output_embeddings().register_forward_hook(lambda mod, args, out: calls.append(args[0].shape[1]))
+    ids, att = _batch(*shape)
+    policy = PolicyLM(lm, n_chunks)
+    try:
+        with torch.no_grad():
+            logp, ent = policy(ids, att, temperature=0.7, with_entropy=True)
+        assert len(calls) == n_chunks and len(set(calls)) == 1  # equal chunks, padded
+        calls.clear()
+        logp_grad, _ = policy(ids, att, temperature=0.7)
+        logp_grad.sum().backward()
+        assert len(calls) == 2 * n_chunks  # the forward, and each chunk's recompute in backward
+    finally:
+        hook.remove()
+        lm.zero_grad(set_to_none=True)
+    # The values of one unchunked head over the real positions (padding changes nothing).
+    with torch.no_grad():
+        logits = lm(input_ids=ids, attention_mask=att, use_cache=False).logits[:, :-1]
+    want = token_logprobs(logits, ids[:, 1:], temperature=0.7)
+    assert logp.shape == ent.shape == (shape[0], shape[1] - 1)
+    torch.testing.assert_close(logp, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logp_grad.detach(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_chunks_are_sized_for_the_largest_micro_batch():
+    assert head_chunks(24576, 1024) == 24 and head_chunks(1000, 1024) == 1 and head_chunks(1025, 1024) == 2
+    base = ["data.source=synthetic", "data.max_prompt_length=100", "rollout.max_response_length=900",
+            "algorithm.overlong_cache_length=100"]
+    fixed = load_config(overrides=[*base, "trainer.micro_batch_size=4", "trainer.logprob_chunk_size=500"])
+    assert logprob_chunks(fixed) == 8  # 4 responses x 1000 tokens
+    budget = load_config(overrides=[*base, "trainer.micro_batch_tokens=3000", "trainer.logprob_chunk_size=500"])
+    assert logprob_chunks(budget) == 6
+    small = load_config(overrides=[*base, "trainer.micro_batch_tokens=600", "trainer.logprob_chunk_size=500"])
+    assert logprob_chunks(small) == 2  # a 1000-token response still goes alone
