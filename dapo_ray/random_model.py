@@ -40,28 +40,13 @@ def random_config(shape: str, **overrides):
                        use_sliding_window=False, bos_token_id=0, eos_token_id=0, pad_token_id=0)  # fmt: skip
 
 
-def padded_tokenizer(vocab_size: int):
-    """The demo's character tokenizer, with placeholder tokens up to `vocab_size` entries."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    from dapo_ray.tiny_model import CHAT_TEMPLATE, EOS, build_tokenizer
-
-    vocab = dict(build_tokenizer().get_vocab())
-    vocab |= {f"<|r{i}|>": i for i in range(len(vocab), vocab_size)}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
-
-
 def build_random_model(out_dir: str | Path, shape: str, *, dtype: str = "bfloat16", seed: int = 0,
                        log=print, **overrides) -> Path:  # fmt: skip
     """Write (or reuse) a randomly initialised `shape` model with its tokenizer at `out_dir`."""
     import torch
     from transformers import Qwen2ForCausalLM
+
+    from dapo_ray.tiny_model import build_tokenizer
 
     out = Path(out_dir)
     spec = {"shape": shape, "dtype": dtype, "seed": seed, "overrides": overrides}
@@ -75,7 +60,7 @@ def build_random_model(out_dir: str | Path, shape: str, *, dtype: str = "bfloat1
     n = sum(p.numel() for p in model.parameters())
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
-    padded_tokenizer(config.vocab_size).save_pretrained(out)
+    build_tokenizer(config.vocab_size).save_pretrained(out)
     stamp.write_text(json.dumps(spec))
     log(f"[random-model] {shape} shape, {n / 1e6:.0f}M parameters ({dtype}, untied embeddings), random weights: {out}")
     return out

@@ -48,8 +48,9 @@ def _bytes_to_unicode() -> dict[int, str]:
     return dict(zip(bs, map(chr, cs), strict=True))
 
 
-def build_tokenizer():
-    """A byte-level BPE tokenizer with no merges: one token per character (newline + printable ASCII).
+def build_tokenizer(vocab_size: int | None = None):
+    """A byte-level BPE tokenizer with no merges: one token per character (newline + printable ASCII),
+    and with `vocab_size` placeholder tokens `<|r123|>` up to that many entries (a real model's shape).
 
     Byte-level BPE is what Qwen2's own tokenizer is, so `AutoTokenizer` (which maps a qwen2 model to
     `Qwen2Tokenizer`, in transformers and inside vLLM) loads it unchanged; a custom pre-tokenizer would
@@ -61,6 +62,7 @@ def build_tokenizer():
     table = _bytes_to_unicode()
     chars = [ord("\n"), *range(32, 127)]
     vocab = {EOS: 0, **{table[b]: i + 1 for i, b in enumerate(chars)}}
+    vocab |= {f"<|r{i}|>": i for i in range(len(vocab), vocab_size or 0)}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()

@@ -29,6 +29,20 @@ def ray_cluster():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def small_random_model_dir(tmp_path_factory) -> Path:
+    """A small random float32 Qwen2 (untied), saved as a normal HF directory."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    from dapo_ray.tiny_model import tiny_config
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("small-random") / "tiny"
+    Qwen2ForCausalLM(tiny_config(vocab_size=97, hidden=64, layers=2)).save_pretrained(out)
+    return out
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -25,16 +25,8 @@ def _ds_config(stage: int, persist_small: bool = False) -> dict:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    """A small random float32 Qwen2 (untied), saved as a normal HF directory."""
-    from transformers import Qwen2ForCausalLM
-
-    from dapo_ray.tiny_model import tiny_config
-
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("zero3") / "tiny"
-    Qwen2ForCausalLM(tiny_config(vocab_size=97, hidden=64, layers=2)).save_pretrained(out)
-    return out
+def model_dir(small_random_model_dir) -> Path:
+    return small_random_model_dir
 
 
 @pytest.fixture(scope="module")

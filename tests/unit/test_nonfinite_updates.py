@@ -2,9 +2,6 @@
 were; the next finite update applies. On the real DeepSpeed engine the trainer builds (one CPU rank,
 gloo), with ZeRO stage 0 (our GuardedAdamW) and stage 1 (DeepSpeed's own check, fp32 and bf16)."""
 
-import os
-import socket
-
 import pytest
 import torch
 
@@ -12,28 +9,8 @@ from dapo_ray.config import load_config
 from dapo_ray.trainer.loop import ds_config, make_optimizer
 
 
-@pytest.fixture(scope="module")
-def process_group():
-    import torch.distributed as dist
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k)
-        else:
-            os.environ[k] = v
-
-
 @pytest.mark.parametrize("stage, dtype", [(0, "float32"), (1, "float32"), (1, "bfloat16")])
-def test_a_nonfinite_gradient_skips_the_update(process_group, stage, dtype):
+def test_a_nonfinite_gradient_skips_the_update(gloo_group, stage, dtype):
     import deepspeed
 
     cfg = load_config(overrides=["data.source=synthetic", f"trainer.zero_stage={stage}", "trainer.mini_batch_size=4",

@@ -2,7 +2,8 @@
 
 import torch
 
-from dapo_ray.random_model import build_random_model, padded_tokenizer, random_config
+from dapo_ray.random_model import build_random_model, random_config
+from dapo_ray.tiny_model import build_tokenizer
 
 
 def test_the_qwen2_5_0_5b_shape_has_its_published_parameter_count():
@@ -30,4 +31,5 @@ def test_a_built_model_loads_and_every_id_decodes(tmp_path):
 
 
 def test_the_tokenizer_pads_to_the_vocabulary():
-    assert len(padded_tokenizer(1000)) == 1000
+    assert len(build_tokenizer(1000)) == 1000
+    assert build_tokenizer().get_vocab() == {k: v for k, v in build_tokenizer(1000).get_vocab().items() if v < len(build_tokenizer())}
