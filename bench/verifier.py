@@ -2,9 +2,10 @@
 `math_verify` mode with Math-Verify itself on free-form answers.
 
 Throughput, baseline `dapo_strict` (DAPO's own scorer verbatim): responses are built from the real
-DAPO-Math-17k ground truths (or synthetic ones when ../shared/data is absent), ~800 characters of
-reasoning each, with the answer written in the ways models write it (plain, $..$, \\boxed{}, special
-tokens, leading zeros, wrong, missing).
+DAPO-Math-17k ground truths (`data/dapo-math-17k.parquet` as `dapo-ray prepare --paper-data` writes it,
+or the folder DAPO_DATA_DIR names; synthetic ones without), ~800 characters of reasoning each, with
+the answer written in the ways models write it (plain, $..$, \\boxed{}, special tokens, leading zeros,
+wrong, missing).
 
 Worst wall time: every mode, on the main thread (in-process) and off it (the helper process), over the
 hand-picked hostile cases of tests/unit/test_verifier_hostile.py and `--fuzz` random ones built from
@@ -50,7 +51,7 @@ FORMS = [
 
 
 def responses(n: int) -> list[tuple[str, str]]:
-    data = ROOT.parent / "shared" / "data" / "dapo-math-17k.parquet"
+    data = Path(os.environ.get("DAPO_DATA_DIR", ROOT / "data")) / "dapo-math-17k.parquet"
     if data.exists():
         import pyarrow.parquet as pq
 

@@ -105,15 +105,36 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    """Prompt files -> one de-duplicated, templated parquet and a report (a Ray Data job)."""
+    """Prompt files (or Hub data sets) -> one de-duplicated, templated parquet and a report (a Ray Data
+    job); with --paper-data, the paper's two data sets into --out-dir."""
     import os
 
     import ray
 
+    from dapo_ray import storage
     from dapo_ray.data import BadRowError
+    from dapo_ray.datasets import PAPER_DATA, DataSourceError, paper_data_sources, resolve_inputs
     from dapo_ray.driver import start_local_ray
     from dapo_ray.prepare import PrepareError, prepare, report_path
 
+    if args.paper_data == bool(args.input):
+        print("dapo-ray prepare: error: give either --input FILE... --output FILE or --paper-data", file=sys.stderr)
+        return 2
+    if args.input and not args.output:
+        print("dapo-ray prepare: error: --input needs --output", file=sys.stderr)
+        return 2
+    try:
+        if args.paper_data:
+            jobs = [([src], os.path.join(args.out_dir, f"{name}.parquet"))
+                    for name, src in paper_data_sources(args.from_dir).items()]  # fmt: skip
+            for name, d in PAPER_DATA.items():
+                print(f"[prepare] {name}: {d.role}, from {d.hub_id if args.from_dir is None else args.from_dir}")
+        else:
+            jobs = [(args.input, args.output)]
+        jobs = [(resolve_inputs(inputs), output) for inputs, output in jobs]
+    except DataSourceError as e:
+        print(f"dapo-ray prepare: error: {e}", file=sys.stderr)
+        return 1
     started = not ray.is_initialized()
     if started:  # join the job's cluster (RAY_ADDRESS), else start our own, for this machine only
         if os.environ.get("RAY_ADDRESS"):
@@ -121,15 +142,18 @@ def _prepare(args: argparse.Namespace) -> int:
         else:
             start_local_ray()
     try:
-        report = prepare(args.input, args.output, apply_template=args.apply_template, data_source=args.data_source,
-                         limit=args.limit, shuffle=args.shuffle, seed=args.seed, strict=args.strict)  # fmt: skip
+        for inputs, output in jobs:
+            if not storage.is_uri(output):
+                os.makedirs(os.path.dirname(output) or ".", exist_ok=True)
+            report = prepare(inputs, output, apply_template=args.apply_template, data_source=args.data_source,
+                             limit=args.limit, shuffle=args.shuffle, seed=args.seed, strict=args.strict)  # fmt: skip
+            print(f"[prepare] {report}\n[prepare] report written to {report_path(output)}")
     except (PrepareError, BadRowError, FileNotFoundError) as e:
         print(f"dapo-ray prepare: error: {e}", file=sys.stderr)
         return 1
     finally:
         if started:
             ray.shutdown()
-    print(f"[prepare] {report}\n[prepare] report written to {report_path(args.output)}")
     return 0
 
 
@@ -171,10 +195,18 @@ def build_parser() -> argparse.ArgumentParser:
     rm.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     rm.add_argument("--layers", type=int, help="fewer decoder layers than the real shape (quicker to build)")
     rm.set_defaults(func=_make_random_model)
-    pr = sub.add_parser("prepare", help="de-duplicate and template prompt files into one parquet (Ray Data)")
-    pr.add_argument("--input", nargs="+", required=True,
-                    help="parquet (verl/DAPO schema, or problem/answer columns) or jsonl files")  # fmt: skip
-    pr.add_argument("--output", required=True, help="the .parquet file to write (local path or s3://...)")
+    pr = sub.add_parser("prepare", help="de-duplicate and template prompt files into one parquet (Ray Data); "
+                                        "--paper-data: the paper's data sets into data/")  # fmt: skip
+    pr.add_argument("--input", nargs="+",
+                    help="parquet (verl/DAPO schema, or problem/answer columns) or jsonl files, or Hub data sets "
+                         "(hf://datasets/OWNER/NAME or OWNER/NAME)")  # fmt: skip
+    pr.add_argument("--output", help="the .parquet file to write (local path or s3://...)")
+    pr.add_argument("--paper-data", action="store_true",
+                    help="write the paper's DAPO-Math-17k and AIME 2024 to --out-dir (from the Hub, or --from)")  # fmt: skip
+    pr.add_argument("--from", dest="from_dir", metavar="DIR",
+                    help="with --paper-data: read local copies DIR/dapo-math-17k.parquet and DIR/aime-2024.parquet "
+                         "instead of the Hub (offline machines)")  # fmt: skip
+    pr.add_argument("--out-dir", default="data", help="with --paper-data: where to write (default: data)")
     pr.add_argument("--apply-template", choices=["auto", "always", "never"], default="auto",
                     help="auto: wrap prompts that lack the DAPO instruction; always: rebuild every prompt as the "
                          "template around its bare problem; never: keep the text")  # fmt: skip

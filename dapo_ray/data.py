@@ -1,6 +1,6 @@
 """Prompt datasets: parquet in the verl/DAPO schema, jsonl with problem/answer, and a synthetic task.
 
-    rows, report = load_prompts(["../shared/data/dapo-math-17k.parquet"], template="dapo")
+    rows, report = load_prompts(["data/dapo-math-17k.parquet"], template="dapo")
     print(report)   # files, rows read, duplicates dropped, bad rows, templated rows
 
 Every loader returns `PromptRow`s (see `types.py`). A malformed row stops loading with an error that

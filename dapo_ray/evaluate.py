@@ -1,7 +1,7 @@
 """Evaluation of a model on a prompt set: avg@k, best@k (= pass@k) and maj@k, overall and per problem.
 
     dapo-ray eval --config workflows/configs/dapo_qwen2.5_32b.yaml --model /models/ckpt \
-        --files ../shared/data/aime-2024.parquet          # 30 problems x 32 samples, as in the paper
+        --files data/aime-2024.parquet                 # 30 problems x 32 samples, as in the paper
 
 The samples go through the training path: the rollout deployment on Ray Serve (serving the model
 directory as loaded: its weight store never gets a version), one `pipeline.generate_round` per batch of

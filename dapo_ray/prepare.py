@@ -1,6 +1,6 @@
 """Prepare a training file: prompt datasets in -> one de-duplicated, templated parquet in the verl/DAPO schema.
 
-    report = prepare(["../shared/data/aime-2024.parquet"], "runs/data/aime.parquet")
+    report = prepare(["data/aime-2024.parquet"], "runs/data/aime.parquet")
     print(report)   # rows read, written, dropped per reason with example rows; also aime.report.json
 
 Inputs are parquet in the verl/DAPO schema, or parquet/jsonl with `problem` (or `question`) and `answer`

@@ -5,15 +5,18 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CFG = ROOT / "workflows" / "configs" / "tiny_cpu.yaml"
-SHARED_DATA = Path(os.environ.get("DAPO_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+REAL_DATA = os.environ.get("DAPO_DATA_DIR")
+"""A folder with local copies of the real files (dapo-math-17k.parquet, aime-2024.parquet and
+dapo-math-mini16.parquet); .ci/run sets it."""
 
 
 @pytest.fixture(scope="session")
-def shared_data() -> Path:
+def real_data() -> Path:
     """The real DAPO parquet files; tests that need them skip with a reason when they are absent."""
-    if not (SHARED_DATA / "aime-2024.parquet").exists():
-        pytest.skip(f"real data folder not found at {SHARED_DATA} (set DAPO_SHARED_DATA)")
-    return SHARED_DATA
+    if not REAL_DATA or not (Path(REAL_DATA) / "aime-2024.parquet").exists():
+        pytest.skip(f"no real data folder: DAPO_DATA_DIR={REAL_DATA!r} (a folder holding aime-2024.parquet, "
+                    f"dapo-math-17k.parquet and dapo-math-mini16.parquet)")  # fmt: skip
+    return Path(REAL_DATA)
 
 
 @pytest.fixture(scope="session")
@@ -27,8 +30,8 @@ def tiny_model_dir() -> Path:
 
     cfg = load_config(TINY_CFG)
     out = ROOT / ".cache" / "test-tiny-model"
-    return build_tiny_model(out, synthetic=dataclasses.asdict(cfg.data.synthetic), target_acc=0.05,
-                            max_warmup_s=150, seed=cfg.trainer.seed)  # fmt: skip
+    return build_tiny_model(out, synthetic=dataclasses.asdict(cfg.data.synthetic), target_acc=0.05, max_steps=300,
+                            eval_samples=4, seed=cfg.trainer.seed)  # fmt: skip
 
 
 def pytest_collection_modifyitems(config, items):

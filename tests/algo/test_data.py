@@ -7,8 +7,8 @@ import pytest
 from dapo_ray.data import DAPO_PREFIX, BadRowError, apply_dapo_template, load_prompts, synthetic_prompts
 
 
-def test_aime_real_file(shared_data):
-    rows, rep = load_prompts([shared_data / "aime-2024.parquet"])
+def test_aime_real_file(real_data):
+    rows, rep = load_prompts([real_data / "aime-2024.parquet"])
     # 30 problems x 32 copies: de-duplication keeps 30 and says it dropped 930.
     assert rep.rows_read == 960 and rep.kept == 30 and rep.duplicates == 930
     assert rep.templated == 0  # the file carries the DAPO template already
@@ -16,13 +16,13 @@ def test_aime_real_file(shared_data):
     assert all(r["ground_truth"].isdigit() for r in rows)
 
 
-def test_aime_without_dedupe_keeps_avg_at_32_layout(shared_data):
-    rows, rep = load_prompts([shared_data / "aime-2024.parquet"], dedupe=False)
+def test_aime_without_dedupe_keeps_avg_at_32_layout(real_data):
+    rows, rep = load_prompts([real_data / "aime-2024.parquet"], dedupe=False)
     assert len(rows) == 960 and rep.duplicates == 0
 
 
-def test_dapo_17k_real_file_is_templated_and_deduped(shared_data):
-    rows, rep = load_prompts([shared_data / "dapo-math-17k.parquet"])
+def test_dapo_17k_real_file_is_templated_and_deduped(real_data):
+    rows, rep = load_prompts([real_data / "dapo-math-17k.parquet"])
     assert rep.rows_read == 17917
     # The data README counts 17,290 distinct raw texts; 35 of them differ only in surrounding
     # whitespace, which templating strips, so they are duplicates of the same prompt.
@@ -32,15 +32,15 @@ def test_dapo_17k_real_file_is_templated_and_deduped(shared_data):
     assert content.startswith(DAPO_PREFIX) and content.endswith('after "Answer:".')
 
 
-def test_mini16_short_prefix_is_not_repeated(shared_data):
-    rows, _ = load_prompts([shared_data / "dapo-math-mini16.parquet"])
+def test_mini16_short_prefix_is_not_repeated(real_data):
+    rows, _ = load_prompts([real_data / "dapo-math-mini16.parquet"])
     assert len(rows) == 16
     for r in rows:
         assert r["messages"][0]["content"].count("Solve the following math problem") == 1
 
 
-def test_template_none_leaves_text(shared_data):
-    rows, rep = load_prompts([shared_data / "dapo-math-mini16.parquet"], template="none")
+def test_template_none_leaves_text(real_data):
+    rows, rep = load_prompts([real_data / "dapo-math-mini16.parquet"], template="none")
     assert rep.templated == 0 and "Answer:" not in rows[0]["messages"][0]["content"]
 
 

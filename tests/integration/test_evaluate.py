@@ -50,17 +50,17 @@ def test_eval_on_the_synthetic_held_out_set(tiny_model_dir, ray_cluster, tmp_pat
     assert f"avg@4 {report['avg_at_k']:.1%}  best@4 (pass@4) {report['pass_at_k']:.1%}" in printed
 
 
-def test_eval_on_aime_2024(tiny_model_dir, ray_cluster, shared_data, tmp_path):
+def test_eval_on_aime_2024(tiny_model_dir, ray_cluster, real_data, tmp_path):
     """The real file: 960 rows, 30 distinct problems. Its prompts are 355-812 characters, so a copy of the
     tiny model gets a longer context (its rotary positions have no learned table); it scores ~0."""
     model = tmp_path / "long-context-tiny"
     shutil.copytree(tiny_model_dir, model)
     config = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 1024}))
-    assert main(["eval", "--config", TINY_CFG, "--model", str(model), "--files", str(shared_data / "aime-2024.parquet"),
+    assert main(["eval", "--config", TINY_CFG, "--model", str(model), "--files", str(real_data / "aime-2024.parquet"),
                  "--k", "2", "data.max_prompt_length=900", "eval.max_response_length=8"]) == 0  # fmt: skip
     report = _check_report(model / "eval" / "aime-2024.json", problems=30, k=2)  # beside the model by default
     # The report names the file by its absolute path, symbolic links followed (the data folder may be one).
-    assert report["files"] == [str((shared_data / "aime-2024.parquet").resolve())] and report["max_response_length"] == 8
+    assert report["files"] == [str((real_data / "aime-2024.parquet").resolve())] and report["max_response_length"] == 8
     assert report["per_problem"][0]["uid"] == "aime-2024.parquet:0"
     assert all(p["response_length_mean"] <= 8 for p in report["per_problem"])

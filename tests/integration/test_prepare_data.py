@@ -16,6 +16,7 @@ from dapo_ray.data import DAPO_PREFIX, BadRowError, load_prompts
 from dapo_ray.prepare import OUTPUT_SCHEMA, PrepareError, prepare, report_path
 
 pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _rows(path) -> list[tuple]:
@@ -24,8 +25,8 @@ def _rows(path) -> list[tuple]:
     return [(r["messages"], r["ground_truth"]) for r in rows]
 
 
-def test_real_files_match_the_loader_across_files_and_blocks(ray_cluster, shared_data, tmp_path):
-    files = [str(shared_data / f) for f in ("aime-2024.parquet", "dapo-math-mini16.parquet", "dapo-math-17k.parquet")]
+def test_real_files_match_the_loader_across_files_and_blocks(ray_cluster, real_data, tmp_path):
+    files = [str(real_data / f) for f in ("aime-2024.parquet", "dapo-math-mini16.parquet", "dapo-math-17k.parquet")]
     out = str(tmp_path / "train.parquet")
     # ~6,000 rows a read task (the 17k file is read in 3 pieces) and 2 hash partitions: copies of a prompt
     # are read in different blocks and meet only after the shuffle.
@@ -147,8 +148,8 @@ def test_inputs_that_cannot_be_read(tmp_path):
         prepare([str(fake)], str(tmp_path / "out_dir"))
 
 
-def test_cli_template_always_shuffle_limit(ray_cluster, shared_data, tmp_path, capsys):
-    aime, mini = str(shared_data / "aime-2024.parquet"), str(shared_data / "dapo-math-mini16.parquet")
+def test_cli_template_always_shuffle_limit(ray_cluster, real_data, tmp_path, capsys):
+    aime, mini = str(real_data / "aime-2024.parquet"), str(real_data / "dapo-math-mini16.parquet")
     out = str(tmp_path / "eval.parquet")
     argv = ["prepare", "--input", aime, mini, "--output", out, "--apply-template", "always", "--shuffle",
             "--seed", "1", "--limit", "10", "--data-source", "mixed"]  # fmt: skip
@@ -170,3 +171,26 @@ def test_cli_template_always_shuffle_limit(ray_cluster, shared_data, tmp_path, c
 
     assert main(["prepare", "--input", str(tmp_path / "missing.jsonl"), "--output", out]) == 1
     assert "input file not found" in capsys.readouterr().err
+
+
+def test_paper_data_from_local_copies_is_what_the_reference_config_reads(ray_cluster, real_data, tmp_path, capsys,
+                                                                          monkeypatch):  # fmt: skip
+    """`dapo-ray prepare --paper-data --from DIR`, the offline path (no hub is reachable here), run where a
+    user runs it: it writes the two files the 32B config names, relative to the working directory."""
+    from dapo_ray.config import load_config
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["prepare", "--paper-data", "--from", str(real_data)]) == 0
+    cfg = load_config(ROOT / "workflows" / "configs" / "dapo_qwen2.5_32b.yaml")
+    assert [*cfg.data.train_files, *cfg.eval.files] == ["data/dapo-math-17k.parquet", "data/aime-2024.parquet"]
+    train, train_report = load_prompts(cfg.data.train_files, cfg.data.template)
+    held_out, _ = load_prompts(cfg.eval.files, cfg.data.template)
+    assert train_report.duplicates == 0 and len(train) == len(load_prompts([real_data / "dapo-math-17k.parquet"])[0])
+    assert len(held_out) == 30  # the file's 960 rows: 30 problems x 32
+    assert Path(report_path("data/aime-2024.parquet")).exists()
+
+    # A local folder without the files, and neither or both of --input and --paper-data: clear errors.
+    assert main(["prepare", "--paper-data", "--from", str(tmp_path / "nowhere")]) == 1
+    assert "dapo-math-17k.parquet not found" in capsys.readouterr().err
+    assert main(["prepare", "--paper-data", "--input", "x.parquet", "--output", "y.parquet"]) == 2
+    assert main(["prepare"]) == 2

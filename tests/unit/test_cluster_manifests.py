@@ -571,7 +571,7 @@ def test_the_groups_fit_the_config(name):
     assert _feasibility_errors(node_types, cfg, from_zero=name == "raycluster") == []
 
 
-def test_the_entrypoint_names_a_config_that_passes_check(shared_data, capsys):
+def test_the_entrypoint_names_a_config_that_passes_check(real_data, capsys):
     """`dapo-ray check` needs no model, only the training data; offline it reads the config's own file
     (the same data set the head's init container downloads) instead of the cluster's path."""
     config, overrides = _parse_entrypoint(_rayjob()["spec"]["entrypoint"])
@@ -581,7 +581,7 @@ def test_the_entrypoint_names_a_config_that_passes_check(shared_data, capsys):
         "trainer.output_dir must be shared storage on a cluster"
     )
     local = [o for o in overrides if o.split("=", 1)[0] not in STORAGE_KEYS]
-    train = [str(shared_data / Path(f).name) for f in load_config(REPO / config).data.train_files]
+    train = [str(real_data / Path(f).name) for f in load_config(REPO / config).data.train_files]
     assert [Path(f).name for f in train] == [Path(f).name for f in cfg.data.train_files]
     assert main(["check", "--config", str(REPO / config), *local, f"data.train_files={train}"]) == 0
     assert "[check] OK" in capsys.readouterr().out

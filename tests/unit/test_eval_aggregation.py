@@ -105,17 +105,17 @@ def test_first_words_drop_the_dapo_template():
     assert first_words("12+7=") == "12+7="
 
 
-def test_the_aime_file_is_30_problems(shared_data):
+def test_the_aime_file_is_30_problems(real_data):
     from dapo_ray.tiny_model import build_tokenizer
 
     cfg = with_target(load_config(TINY_CFG, ["data.max_prompt_length=1000"]),
-                      files=[str(shared_data / "aime-2024.parquet")], k=2)  # fmt: skip
+                      files=[str(real_data / "aime-2024.parquet")], k=2)  # fmt: skip
     name, rows, dropped = load_eval_set(cfg, build_tokenizer())
     assert (name, len(rows), dropped, cfg.eval.n) == ("aime-2024", 30, 0, 2)
     assert len({r["uid"] for r in rows}) == 30 and all(r["ground_truth"].isdigit() for r in rows)
     assert not rows[0]["problem"].startswith("Solve the following")
     # The demo's prompt limit drops every AIME problem, and says so.
-    short = with_target(load_config(TINY_CFG), files=[str(shared_data / "aime-2024.parquet")])
+    short = with_target(load_config(TINY_CFG), files=[str(real_data / "aime-2024.parquet")])
     assert load_eval_set(short, build_tokenizer())[1:] == ([], 30)
 
 
