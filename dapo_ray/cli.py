@@ -78,22 +78,33 @@ def _synthetic_kwargs(cfg) -> dict:
     return dataclasses.asdict(cfg.data.synthetic)
 
 
-def _train(args: argparse.Namespace) -> int:
+def _run(cfg) -> dict:
+    """`driver.run`, then shut down the Ray cluster it started (if it started one) before returning."""
+    import ray
+
     from dapo_ray.driver import run
 
+    ours = not ray.is_initialized()
+    try:
+        return run(cfg)
+    finally:
+        if ours and ray.is_initialized():
+            ray.shutdown()
+
+
+def _train(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
-    run(cfg)
+    _run(cfg)
     return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
     """Build the tiny model if missing, evaluate, train with DAPO, evaluate again."""
-    from dapo_ray.driver import run
     from dapo_ray.tiny_model import build_for
 
     cfg = load_config(args.config, args.overrides)
     build_for(cfg)
-    summary = run(cfg)
+    summary = _run(cfg)
     before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
     k = cfg.eval.n
     if before and after:
@@ -233,6 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"dapo-ray: config error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:  # a second Ctrl-C or SIGTERM (dapo_ray/stopping.py)
+        print(f"dapo-ray: stopped at once ({e or 'interrupted'}); running the same command again resumes from "
+              f"the last checkpoint", file=sys.stderr)  # fmt: skip
+        return 130
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from dapo_ray.placement import worker_resources
 from dapo_ray.producer import Producer
 from dapo_ray.progress import Pace, StatusLine, duration
 from dapo_ray.ray_metrics import DriverMetrics, run_name
+from dapo_ray.stopping import StopRequest
 from dapo_ray.trainer.batch import build_shards, flatten_groups
 
 
@@ -270,20 +271,22 @@ def run(cfg: Config) -> dict:
     filler: BatchFiller[dict] = BatchFiller(t.train_batch_size, a.max_gen_rounds, a.on_cap, a.carry_over,
                                             enabled=a.dynamic_sampling, max_lag=a.max_policy_lag)  # fmt: skip
     probe_ids = train_rows[0]["prompt_ids"] + tokenizer.encode("Answer: 0", add_special_tokens=False)
-    stack = Stack(cfg, probe_ids)
-    try:
-        return _loop(cfg, stack, cursor, filler, eval_rows, probe_ids, t_start)
-    except BaseException:
-        end_failed_run()
-        raise
-    finally:
-        stack.close()
+    with StopRequest(log) as stop:
+        stack = Stack(cfg, probe_ids)
+        try:
+            return _loop(cfg, stack, cursor, filler, eval_rows, probe_ids, t_start, stop)
+        except BaseException:
+            end_failed_run()
+            raise
+        finally:
+            stack.close()
 
 
 def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, eval_rows: list[dict],
-          probe_ids: list[int], t_start: float) -> dict:  # fmt: skip
+          probe_ids: list[int], t_start: float, stop: StopRequest) -> dict:  # fmt: skip
     """The RL steps: take a batch -> train -> publish and sync -> evaluate; checkpoints ride along with
-    train. The producer samples, scores and filters (the next batch meanwhile, with max_policy_lag >= 1)."""
+    train. The producer samples, scores and filters (the next batch meanwhile, with max_policy_lag >= 1).
+    A stop request (`dapo_ray.stopping`) ends the loop after the step in progress, with a checkpoint."""
     t, r = cfg.trainer, cfg.rollout
     totals = {"generated_groups": 0, "kept_groups": 0, "rounds": 0, "partial_steps": 0, "skipped_steps": 0,
               "stale_dropped": 0}  # fmt: skip
@@ -460,17 +463,33 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
                 break
 
             # 4. Evaluate every eval.every steps.
-            if eval_rows and cfg.eval.every and step % cfg.eval.every == 0 and step < t.total_steps:
+            if eval_rows and cfg.eval.every and step % cfg.eval.every == 0 and step < t.total_steps and not stop.signal:
                 ev = evaluate_now()
                 tracker.log(ev, step=step)
                 exported.record(ev, step=step)
                 evaluated(ev, time.time() - t_train)
                 live["held_out"] = f"held-out avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%} at step {step}"
                 log(f"held-out at step {step}: avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%}")
+
+            # 5. A stop request: checkpoint this step (unless it just did) and leave.
+            if stop.signal:
+                if not due and (res := stack.save(b.state | {"totals": totals}))["kind"] == "ready":
+                    log(f"the trainer workers restarted from the checkpoint of step {res['step']} while saving")
+                    step = res["step"]
+                summary["stopped"] = {"step": step, "signal": stop.signal}
+                break
     finally:
         producer.close()
         _status.close()
         _status = None
+
+    if stop.signal:  # no final model and no final evaluation: the run is not over
+        tracker.close(status="KILLED")
+        summary.update(steps=step, end_cursor=cursor.state_dict(), train_s=time.time() - t_train, totals=totals,
+                       wall_s=time.time() - t_start)  # fmt: skip
+        log(f"stopped by {stop.signal} at step {step} of {t.total_steps}, checkpoint saved in {t.output_dir}; "
+            f"to resume, run the same command again: {resume_command()}")  # fmt: skip
+        return summary
 
     final = stack.finish(step)
     summary.update(steps=step, end_cursor=cursor.state_dict(), final_model=final, train_s=time.time() - t_train,
@@ -497,6 +516,14 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
     summary["wall_s"] = time.time() - t_start
     log(f"final model: {final}  ({summary['wall_s']:.0f}s in all)")
     return summary
+
+
+def resume_command() -> str:
+    """This process's command line, as a shell would take it."""
+    import shlex
+    import sys
+
+    return shlex.join(sys.argv)
 
 
 def _report(cfg: Config, tracker: Tracker) -> str:
@@ -600,8 +627,9 @@ def _fit(trainer, errors: list) -> None:
         errors.append(e)
 
 
-def start_local_ray(**kwargs) -> None:
+def start_local_ray(**kwargs):
     """Start a Ray cluster of this machine alone that listens on loopback only: GCS, dashboard, metrics.
+    Returns `ray.init`'s context.
 
     Ray binds them to the node's IP, so on every interface of a laptop or a shared host, and `ray.init`
     replaces a loopback node IP by the machine's address unless Ray's multi-node switch is off (its
@@ -612,9 +640,22 @@ def start_local_ray(**kwargs) -> None:
     multi_node = ray_constants.ENABLE_RAY_CLUSTER
     ray_constants.ENABLE_RAY_CLUSTER = False
     try:
-        ray.init(address="local", _node_ip_address="127.0.0.1", dashboard_host="127.0.0.1", **kwargs)
+        return ray.init(address="local", _node_ip_address="127.0.0.1", dashboard_host="127.0.0.1", **kwargs)
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = multi_node
+
+
+def dashboard_line(dashboard_url: str | None) -> str:
+    """Where the Ray dashboard is, and how to sign in to it. Ray turns token authentication on for a
+    cluster that `ray.init` starts (and for `ray start` where ~/.ray/auth_token exists), unless
+    RAY_AUTH_MODE says otherwise; `ray.init` then sets RAY_AUTH_MODE=token in this process."""
+    if not dashboard_url:
+        return "Ray dashboard: not running (include_dashboard is off)"
+    url = dashboard_url if "://" in dashboard_url else f"http://{dashboard_url}"
+    if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
+        return (f"Ray dashboard: {url} (token authentication is on: paste the token that `ray get-auth-token` "
+                f"prints when the page asks; `ray job submit` and other CLI calls need RAY_AUTH_MODE=token)")  # fmt: skip
+    return f"Ray dashboard: {url}"
 
 
 def _init_ray(cfg: Config) -> None:
@@ -623,9 +664,9 @@ def _init_ray(cfg: Config) -> None:
     import ray
     from ray.data import DataContext
 
-    ctx = DataContext.get_current()
-    ctx.enable_progress_bars = False
-    ctx.print_on_execution_start = False
+    data_ctx = DataContext.get_current()
+    data_ctx.enable_progress_bars = False
+    data_ctx.print_on_execution_start = False
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     if ray.is_initialized():
         return
@@ -638,6 +679,7 @@ def _init_ray(cfg: Config) -> None:
         # Under `ray job submit` the job's runtime_env already reaches every worker, and Ray refuses a
         # driver runtime_env that repeats one of its variables: add only what is not set here yet.
         env = {k: v for k, v in env.items() if k not in os.environ}
-        ray.init(address=address, runtime_env={"env_vars": env} if env else None)
+        ctx = ray.init(address=address, runtime_env={"env_vars": env} if env else None)
     else:
-        start_local_ray(num_cpus=cfg.cluster.num_cpus, runtime_env={"env_vars": env})  # always our own
+        ctx = start_local_ray(num_cpus=cfg.cluster.num_cpus, runtime_env={"env_vars": env})  # always our own
+    log(dashboard_line(ctx.dashboard_url))

@@ -157,11 +157,12 @@ class Tracker:
                 f.result()  # surface a failed write
             self.pending = []
 
-    def close(self) -> None:
+    def close(self, status: str = "FINISHED") -> None:
+        """Write what is pending and end the run with `status` (KILLED: stopped by a signal, resumable)."""
         if self.enabled:
             self.flush()
             self.writer.shutdown(wait=True)
-            self.mlflow.end_run()
+            self.mlflow.end_run(status=status)
 
 
 def end_failed_run() -> None:

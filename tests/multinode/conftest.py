@@ -28,6 +28,7 @@ import sys
 import tempfile
 import textwrap
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,9 @@ OBJECT_STORE_BYTES = 1_200_000_000
 # node: once its raylet has registered with the GCS as alive).
 STARTED_MARK = "This command will now block forever"
 RESULT_MARK = "@@driver-result@@ "
+AUTH_TOKEN = uuid.uuid4().hex
+"""The cluster's token (Ray's own tokens are 32 hex digits too); `MultiNodeCluster.auth_headers` for an
+in-process client."""
 DRIVER_PRELUDE = f'''\
 import json as _json
 
@@ -102,9 +106,11 @@ def _node_env() -> dict[str, str]:
         DS_ACCELERATOR="cpu",
         TOKENIZERS_PARALLELISM="false",
         HF_HUB_OFFLINE="1",
-        # Pinned for every process: left unset, a head enables token auth when ~/.ray/auth_token exists
-        # but `ray start --address` on a worker node does not, and the GCS then rejects the worker.
-        RAY_AUTH_MODE="disabled",
+        # Token authentication on, as on a user's cluster, with the token in the environment of every node,
+        # driver and CLI call (as KubeRay gives it to every container). Pinned: left unset, a head enables
+        # it only where ~/.ray/auth_token exists, and `ray start --address` on a worker node does not.
+        RAY_AUTH_MODE="token",
+        RAY_AUTH_TOKEN=AUTH_TOKEN,
         DASHBOARD_METRIC_PORT="0",  # default 44227 is fixed: any second Ray head on this host collides
         # A job's entrypoint (`python ...`) runs with the head's PATH: it must find the venv's Python.
         PATH=os.pathsep.join(filter(None, [str(Path(sys.executable).parent), os.environ.get("PATH")])),
@@ -228,6 +234,12 @@ class MultiNodeCluster:
         """The Prometheus endpoint of the node named `name` ("head", "rollout", "trainer")."""
         (node,) = [n for n in self.nodes if n.spec.name == name]
         return f"http://127.0.0.1:{node.metrics_port}/metrics"
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        """The HTTP header that authenticates a client in this process (whose own Ray may run without
+        authentication, or with another token) to this cluster's dashboard and Jobs API."""
+        return {"authorization": f"Bearer {AUTH_TOKEN}"}
 
     def head_env(self) -> dict[str, str]:
         """The environment of a process on the head's machine (a driver, the `ray` CLI): the nodes' own,

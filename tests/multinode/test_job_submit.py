@@ -1,7 +1,9 @@
 """`ray job submit`, as cluster/README.md has a user type it, against the multinode cluster's Jobs API: the
 checkout is uploaded with cluster/runtime_env.yaml's excludes, the entrypoint (workflows/train.py) runs on
 the head and joins the cluster, the rollout replica and the trainer workers run on their own nodes, and the
-run leaves its MLflow record and final model on the storage every node sees."""
+run leaves its MLflow record and final model on the storage every node sees. The cluster runs with Ray's
+token authentication on, and the CLI gets the token as a user's laptop would (RAY_AUTH_MODE=token and
+RAY_AUTH_TOKEN in its environment, cluster/README.md "Authentication")."""
 
 import os
 import re
@@ -27,7 +29,7 @@ LEFT_BEHIND = (".venv", ".cache", ".git", "runs", "mlruns")
 pytestmark = pytest.mark.integration
 
 
-def test_train_job_submitted_with_the_cli(tiny_model_dir, multinode_cluster):
+def test_train_job_submitted_with_the_cli(tiny_model_dir, multinode_cluster, tmp_path):
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     out = ROOT / ".cache" / "multinode-runs" / f"job-{uuid.uuid4().hex[:8]}"
@@ -40,6 +42,13 @@ def test_train_job_submitted_with_the_cli(tiny_model_dir, multinode_cluster):
     ]  # fmt: skip
     job_id = f"dapo-mn-{uuid.uuid4().hex[:8]}"
     url = multinode_cluster.dashboard_url
+    # Token authentication is on (the cluster's nodes run with RAY_AUTH_MODE=token): the CLI without the
+    # token is turned away, as on a user's cluster; with RAY_AUTH_MODE=token and RAY_AUTH_TOKEN it is let in.
+    home = tmp_path / "home"  # no ~/.ray/auth_token to fall back on
+    home.mkdir()
+    no_token = {k: v for k, v in multinode_cluster.head_env().items() if k != "RAY_AUTH_TOKEN"} | {"HOME": str(home)}
+    refused = _run(["ray", "job", "list", f"--address={url}"], env=no_token, timeout_s=120)
+    assert refused.returncode != 0 and "authentication" in refused.stdout.lower(), refused.stdout[-3000:]
     # From the repository root, as a user would: relative paths are the checkout's.
     submitted = _run(
         ["ray", "job", "submit", f"--address={url}", f"--submission-id={job_id}",
@@ -49,7 +58,7 @@ def test_train_job_submitted_with_the_cli(tiny_model_dir, multinode_cluster):
     )  # fmt: skip
     assert submitted.returncode == 0, f"ray job submit: exit {submitted.returncode}\n{submitted.stdout}"
 
-    client = JobSubmissionClient(url)
+    client = JobSubmissionClient(url, headers=multinode_cluster.auth_headers)
     status = _wait_finished(client, job_id, JOB_TIMEOUT_S)
     info = client.get_job_info(job_id)
     logs = client.get_job_logs(job_id)

@@ -71,3 +71,15 @@ def test_the_filter_matches_what_vllm_logs():
     layerwise = importlib.import_module(RELOAD_LOGGER)
     assert layerwise.logger.name == RELOAD_LOGGER
     assert f'logger.warning("{RELOAD_WARNING}", layer.__class__.__name__)' in inspect.getsource(layerwise)
+
+
+def test_the_dashboard_line_says_how_to_sign_in_when_token_authentication_is_on(monkeypatch):
+    from dapo_ray.driver import dashboard_line
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")  # what `ray.init` sets when it turns authentication on
+    line = dashboard_line("127.0.0.1:8265")
+    assert line.startswith("Ray dashboard: http://127.0.0.1:8265 ") and "`ray get-auth-token`" in line
+    assert "RAY_AUTH_MODE=token" in line
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    assert dashboard_line("http://10.0.0.1:8265") == "Ray dashboard: http://10.0.0.1:8265"
+    assert "not running" in dashboard_line(None)
