@@ -55,14 +55,16 @@ class WarmupConfig:
     """The supervised warm-up of the tiny model that `dapo-ray demo` builds for the synthetic task."""
 
     target_acc: float = 0.10
-    """Stop once sampled (temperature 1) accuracy on held-out problems reaches this: RL needs groups with
-    both successes and failures."""
+    """Stop once held-out avg@k, measured as the run's evaluation measures it (`eval.n` samples per
+    held-out problem at `eval.temperature` and `eval.top_p`), reaches this: RL needs groups with both
+    successes and failures."""
     label_smoothing: float = 0.0
     """Label smoothing of the warm-up's cross-entropy. A smoothed model learns the procedure (its greedy
     answers are mostly right) but keeps some probability on every other token, so a sample at
     temperature 1 slips somewhere in a long scratchpad: the start RL sharpens, as it does a base model."""
-    max_s: float = 240.0
-    """Give up waiting for `target_acc` after this many seconds of warm-up, and keep the model."""
+    max_steps: int = 2000
+    """Give up waiting for `target_acc` after this many warm-up steps, and keep the model. A budget of
+    steps, not seconds: a slow or busy machine takes longer but builds the same model."""
     eval_every: int = 25
     """Warm-up steps (of 64 reference solutions) between measurements of the sampled accuracy."""
 
@@ -544,6 +546,7 @@ def validate(cfg: Config) -> None:
     check(0.0 <= w.label_smoothing < 1.0, f"data.warmup.label_smoothing must be in [0, 1), got {w.label_smoothing}")
     check(0.0 < w.target_acc <= 1.0, f"data.warmup.target_acc must be in (0, 1], got {w.target_acc}")
     check(w.eval_every >= 1, f"data.warmup.eval_every must be >= 1, got {w.eval_every}")
+    check(w.max_steps >= 1, f"data.warmup.max_steps must be >= 1, got {w.max_steps}")
     check(t.ppo_epochs >= 1, f"trainer.ppo_epochs must be >= 1, got {t.ppo_epochs}")
     check(t.max_failures >= -1, f"trainer.max_failures must be >= -1 (-1: no limit), got {t.max_failures}")
     check(t.max_skipped_updates >= 1, f"trainer.max_skipped_updates must be >= 1, got {t.max_skipped_updates}")

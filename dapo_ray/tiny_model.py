@@ -8,9 +8,13 @@
    in-place reload of tied ones; `vocab_size == len(tokenizer)`, or vLLM samples ids that decode to
    nothing);
 3. a brief supervised warm-up on the synthetic task's training split (`synthetic`: the keyword
-   arguments of `data.synthetic_prompts`, the same as the RL run's, so held-out problems stay unseen), stopped as soon as the
-   sampled accuracy on held-out problems reaches `target_acc` (RL needs groups with both successes and
-   failures, so the model must start low but above zero). With `label_smoothing` the model learns the
+   arguments of `data.synthetic_prompts`, the same as the RL run's, so held-out problems stay unseen), stopped as soon as
+   held-out avg@k reaches `target_acc` (RL needs groups with both successes and failures, so the model
+   must start low but above zero), measured as the run's first evaluation measures it (`build_for`: the
+   config's `eval.n` samples per held-out problem at its `eval.temperature` and `eval.top_p`), within a
+   budget of steps (`max_steps`), so any machine, fast or busy, builds the same model. The first
+   evaluation of a run is a fresh sample of the same measure: it lands near `target_acc`, a little below
+   as often as not, since the warm-up stops at the first measurement that reaches it. With `label_smoothing` the model learns the
    procedure while keeping probability on other tokens: greedy answers mostly right, samples slipping
    somewhere in a long scratchpad (`data.warmup` of the reasoning config).
 
@@ -116,11 +120,12 @@ def _sft_batch(tokenizer, rows: list[PromptRow]) -> tuple[torch.Tensor, torch.Te
 
 @torch.no_grad()
 def sampled_accuracy(
-    model, tokenizer, rows: list[PromptRow], samples: int, max_new_tokens: int, seed: int = 0, greedy: bool = False
-) -> float:
-    """Mean correctness of `samples` temperature-1 samples per problem (avg@samples), HF generation, from the
-    whole distribution (`top_k=0`: HF's default would cut it to the 50 likeliest tokens); with `greedy`, of
-    the one greedy answer per problem."""
+    model, tokenizer, rows: list[PromptRow], samples: int, max_new_tokens: int, seed: int = 0, greedy: bool = False,
+    temperature: float = 1.0, top_p: float = 1.0,
+) -> float:  # fmt: skip
+    """Mean correctness of `samples` samples per problem (avg@samples) at `temperature` and `top_p`, HF
+    generation, with no top-k cut (`top_k=0`: HF's default would cut to the 50 likeliest tokens); with
+    `greedy`, of the one greedy answer per problem."""
     torch.manual_seed(seed)
     tokenizer.padding_side = "left"
     correct = total = 0
@@ -130,8 +135,8 @@ def sampled_accuracy(
         enc = tokenizer([prompt_text(tokenizer, r) for r in chunk], return_tensors="pt", padding=True)
         out = model.generate(
             **enc, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-            **({"do_sample": False} if greedy else {"do_sample": True, "temperature": 1.0, "top_p": 1.0, "top_k": 0,
-                                                   "num_return_sequences": samples}),
+            **({"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_p": top_p,
+                                                   "top_k": 0, "num_return_sequences": samples}),
         )  # fmt: skip
         texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         for j, text in enumerate(texts):
@@ -146,9 +151,12 @@ def build_tiny_model(
     *,
     synthetic: dict | None = None,
     target_acc: float = 0.10,
-    max_warmup_s: float = 240.0,
+    max_steps: int = 2000,
     label_smoothing: float = 0.0,
     eval_every: int = 25,
+    eval_samples: int = 8,
+    eval_temperature: float = 1.0,
+    eval_top_p: float = 1.0,
     seed: int = 0,
     log=None,
 ) -> Path:
@@ -158,9 +166,9 @@ def build_tiny_model(
     log = log or functools.partial(print, flush=True)
     out = Path(out_dir)
     synthetic = dict(synthetic or {})
-    spec = dict(synthetic=synthetic, target_acc=target_acc, seed=seed, version=1)
-    if label_smoothing or eval_every != 25:  # (the short demo's spec, and so its cached model, as before)
-        spec.update(label_smoothing=label_smoothing, eval_every=eval_every)
+    measure = dict(samples=eval_samples, temperature=eval_temperature, top_p=eval_top_p)
+    spec = dict(synthetic=synthetic, target_acc=target_acc, seed=seed, version=2, max_steps=max_steps,
+                label_smoothing=label_smoothing, eval_every=eval_every, measure=measure)  # fmt: skip
     stamp = out / "dapo_ray_tiny.json"
     if stamp.exists() and json.loads(stamp.read_text()).get("spec") == spec:
         log(f"[tiny-model] reusing {out}")
@@ -174,13 +182,15 @@ def build_tiny_model(
     train, held_out = synthetic_prompts(**synthetic)
     max_new = max(len(r["solution"]) for r in train) + 4
     smoothing = f", label smoothing {label_smoothing}" if label_smoothing else ""
+    name = f"held-out avg@{eval_samples}"
     log(f"[tiny-model] Qwen2, {n_params / 1e6:.2f}M parameters, vocab {len(tokenizer)}; supervised warm-up{smoothing} "
-        f"until sampled accuracy >= {target_acc:.0%} (at most {max_warmup_s:.0f}s)")  # fmt: skip
+        f"until {name} (the run's own measure: {len(held_out)} problems, temperature {eval_temperature}, top-p "
+        f"{eval_top_p}) >= {target_acc:.0%}, at most {max_steps} steps")  # fmt: skip
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     rng = random.Random(seed)
     t0, step, acc = time.time(), 0, 0.0
-    while time.time() - t0 < max_warmup_s:
-        for _ in range(eval_every):
+    while step < max_steps:
+        for _ in range(min(eval_every, max_steps - step)):
             ids, att, lab = _sft_batch(tokenizer, rng.sample(train, 64))
             if label_smoothing:
                 logits = model(input_ids=ids, attention_mask=att).logits[:, :-1]
@@ -193,27 +203,32 @@ def build_tiny_model(
             opt.step()
             opt.zero_grad()
             step += 1
-        acc = sampled_accuracy(model, tokenizer, held_out[:64], samples=4, max_new_tokens=max_new, seed=step)
-        log(f"[tiny-model] step {step:4d}  loss {loss.item():.3f}  sampled accuracy {acc:.1%}  {time.time() - t0:.0f}s")
+        acc = sampled_accuracy(model, tokenizer, held_out, samples=eval_samples, max_new_tokens=max_new, seed=step,
+                               temperature=eval_temperature, top_p=eval_top_p)  # fmt: skip
+        log(f"[tiny-model] step {step:4d}  loss {loss.item():.3f}  {name} {acc:.1%}  {time.time() - t0:.0f}s")
         if acc >= target_acc:
             break
+    else:
+        log(f"[tiny-model] {name} is {acc:.1%} after {max_steps} steps, below {target_acc:.0%}; keeping this model")
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    greedy = sampled_accuracy(model, tokenizer, held_out[:64], samples=1, max_new_tokens=max_new, greedy=True)
+    greedy = sampled_accuracy(model, tokenizer, held_out, samples=1, max_new_tokens=max_new, greedy=True)
     stamp.write_text(json.dumps({"spec": spec, "warmup_steps": step, "sampled_accuracy": acc,
                                  "greedy_accuracy": greedy}, indent=1))  # fmt: skip
-    log(f"[tiny-model] saved {out} after {step} warm-up steps ({time.time() - t0:.0f}s): sampled accuracy {acc:.1%}, "
+    log(f"[tiny-model] saved {out} after {step} warm-up steps ({time.time() - t0:.0f}s): {name} {acc:.1%}, "
         f"greedy {greedy:.1%}")  # fmt: skip
     return out
 
 
 def build_for(cfg, log=None) -> Path:
     """`build_tiny_model` for a workflow config: its `rollout.model_path`, synthetic task (`data.synthetic`),
-    warm-up (`data.warmup`) and seed (`trainer.seed`)."""
+    warm-up (`data.warmup`), evaluation's sampling (`eval`: the warm-up's stop rule measures what the run's
+    first evaluation measures) and seed (`trainer.seed`)."""
     import dataclasses
 
-    w = cfg.data.warmup
+    w, e = cfg.data.warmup, cfg.eval
     return build_tiny_model(cfg.rollout.model_path, synthetic=dataclasses.asdict(cfg.data.synthetic),
-                            target_acc=w.target_acc, max_warmup_s=w.max_s, label_smoothing=w.label_smoothing,
-                            eval_every=w.eval_every, seed=cfg.trainer.seed, log=log)  # fmt: skip
+                            target_acc=w.target_acc, max_steps=w.max_steps, label_smoothing=w.label_smoothing,
+                            eval_every=w.eval_every, eval_samples=e.n, eval_temperature=e.temperature,
+                            eval_top_p=e.top_p, seed=cfg.trainer.seed, log=log)  # fmt: skip

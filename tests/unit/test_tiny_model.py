@@ -31,16 +31,18 @@ def test_a_label_smoothed_warm_up_records_its_spec_and_both_accuracies(tmp_path)
     with samples and with greedy answers (the gap is what RL sharpens)."""
     synthetic = dict(num_train=64, num_eval=8, flavour="reasoning", num_terms=3, max_operand=9, style="symbols")
     lines = []
-    build_tiny_model(tmp_path, synthetic=synthetic, target_acc=1.0, max_warmup_s=0.1, label_smoothing=0.1,
+    build_tiny_model(tmp_path, synthetic=synthetic, target_acc=1.0, max_steps=2, label_smoothing=0.1,
                      eval_every=2, log=lines.append)  # fmt: skip
     stamp = json.loads((tmp_path / "dapo_ray_tiny.json").read_text())
     assert stamp["spec"]["label_smoothing"] == 0.1 and stamp["warmup_steps"] == 2
     assert 0.0 <= stamp["sampled_accuracy"] <= 1.0 and 0.0 <= stamp["greedy_accuracy"] <= 1.0
+    assert stamp["spec"]["measure"] == {"samples": 8, "temperature": 1.0, "top_p": 1.0}  # avg@8, as the run's
+    assert "held-out avg@8" in lines[0] and "at most 2 steps" in lines[0]
     assert "label smoothing 0.1" in lines[0] and "greedy" in lines[-1]
-    build_tiny_model(tmp_path, synthetic=synthetic, target_acc=1.0, max_warmup_s=0.1, label_smoothing=0.1,
+    build_tiny_model(tmp_path, synthetic=synthetic, target_acc=1.0, max_steps=2, label_smoothing=0.1,
                      eval_every=2, log=lines.append)  # fmt: skip
     assert lines[-1].startswith("[tiny-model] reusing")
     lines.clear()  # without smoothing: another model, built again
-    build_tiny_model(tmp_path, synthetic=synthetic, target_acc=1.0, max_warmup_s=0.1, eval_every=2, log=lines.append)
+    build_tiny_model(tmp_path, synthetic=synthetic, target_acc=1.0, max_steps=2, eval_every=2, log=lines.append)
     assert lines[0].startswith("[tiny-model] Qwen2") and "label smoothing" not in lines[0]
     assert json.loads((tmp_path / "dapo_ray_tiny.json").read_text())["spec"]["label_smoothing"] == 0.0
