@@ -20,7 +20,11 @@ pytestmark = pytest.mark.integration
 
 WORLD = 2
 MODEL_STATES = "ckpt/mp_rank_00_model_states.pt"  # stages 0-2: rank 0 writes it, every rank loads it
-LAYOUTS = {(3, "float32"), (3, "bfloat16"), (1, "bfloat16"), (2, "float32")}
+# One layout of each family, which between them name every file a restore reads: ZeRO-3 (per-rank module
+# files, stage3.py) in bf16 (the `bf16_` optimizer files) and ZeRO-2 (the shared module file,
+# stage_1_and_2.py, which ZeRO-1 shares) in fp32. ZeRO-3 fp32 and ZeRO-1 bf16 pass too (add them here);
+# each layout costs two Ray Train runs, about two minutes on 2 cores.
+LAYOUTS = {(3, "bfloat16"), (2, "float32")}
 
 
 @pytest.fixture(scope="module")
