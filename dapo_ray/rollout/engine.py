@@ -139,7 +139,10 @@ class Engine:
     ):
         for k, v in engine_env(kv_cache_gib, device, gpu_fraction, tensor_parallel_size).items():
             os.environ.setdefault(k, v)
-        self._ray_address_before = export_ray_address()
+        # Only processes vLLM spawns need the address (the GPU engine core, CPU tensor-parallel workers): an
+        # engine in this process alone leaves the environment as it is.
+        spawns = device == "gpu" or tensor_parallel_size > 1
+        self._ray_address_before = export_ray_address() if spawns else os.environ.get("RAY_ADDRESS")
         self.version = 0
         self._mutex = threading.Lock()
         self._wake = threading.Condition(self._mutex)
@@ -150,7 +153,11 @@ class Engine:
         built: Future = Future()
         self._thread = threading.Thread(target=self._serve, args=(args, built), name="vllm-engine", daemon=True)
         self._thread.start()
-        built.result()  # construction errors surface here
+        try:
+            built.result()  # construction errors surface here
+        except BaseException:
+            self._restore_ray_address()
+            raise
         self.tokenizer = self.llm.get_tokenizer()
         generation_config = self.llm.llm_engine.model_config.try_get_generation_config()
         self.stop_token_ids = stop_token_ids(self.tokenizer, generation_config.get("eos_token_id"))
@@ -168,6 +175,9 @@ class Engine:
             self._queue(None)
             self._thread.join()
         self.llm = None
+        self._restore_ray_address()
+
+    def _restore_ray_address(self) -> None:
         if self._ray_address_before is None:
             os.environ.pop("RAY_ADDRESS", None)
         else:

@@ -29,7 +29,7 @@ LEFT_BEHIND = (".venv", ".cache", ".git", "runs", "mlruns")
 pytestmark = pytest.mark.integration
 
 
-def test_train_job_submitted_with_the_cli(tiny_model_dir, multinode_cluster, tmp_path):
+def test_train_job_submitted_with_the_cli(tiny_model_dir, multinode_cluster, tmp_path, monkeypatch):
     from ray.job_submission import JobStatus, JobSubmissionClient
 
     out = ROOT / ".cache" / "multinode-runs" / f"job-{uuid.uuid4().hex[:8]}"
@@ -49,6 +49,11 @@ def test_train_job_submitted_with_the_cli(tiny_model_dir, multinode_cluster, tmp
     no_token = {k: v for k, v in multinode_cluster.head_env().items() if k != "RAY_AUTH_TOKEN"} | {"HOME": str(home)}
     refused = _run(["ray", "job", "list", f"--address={url}"], env=no_token, timeout_s=120)
     assert refused.returncode != 0 and "authentication" in refused.stdout.lower(), refused.stdout[-3000:]
+    # The test's own client: RAY_ADDRESS and RAY_API_SERVER_ADDRESS would override its address (Ray's
+    # `get_address_for_submission_client`), and this process may have joined the integration tier's cluster.
+    for k in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
+        monkeypatch.delenv(k, raising=False)
+    client = JobSubmissionClient(url, headers=multinode_cluster.auth_headers)
     # From the repository root, as a user would: relative paths are the checkout's.
     submitted = _run(
         ["ray", "job", "submit", f"--address={url}", f"--submission-id={job_id}",
@@ -58,8 +63,11 @@ def test_train_job_submitted_with_the_cli(tiny_model_dir, multinode_cluster, tmp
     )  # fmt: skip
     assert submitted.returncode == 0, f"ray job submit: exit {submitted.returncode}\n{submitted.stdout}"
 
-    client = JobSubmissionClient(url, headers=multinode_cluster.auth_headers)
-    status = _wait_finished(client, job_id, JOB_TIMEOUT_S)
+    try:
+        status = _wait_finished(client, job_id, JOB_TIMEOUT_S)
+    finally:  # never leave a run behind on the cluster the next tests use
+        if not client.get_job_status(job_id).is_terminal():
+            client.stop_job(job_id)
     info = client.get_job_info(job_id)
     logs = client.get_job_logs(job_id)
     reason = (info.message or "").split("\n", 1)[0]  # a failed job's message goes on with the log's end

@@ -1,5 +1,5 @@
 """trainer.output_dir as a directory or as object storage: names, joins, and a directory's round trip
-through a real S3 protocol server (moto's, in-process: tests/conftest.py `s3_prefix`)."""
+through a real S3 protocol server (moto's, in a process of its own: tests/conftest.py `s3_prefix`)."""
 
 from dapo_ray import storage
 
