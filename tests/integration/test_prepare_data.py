@@ -191,6 +191,7 @@ def test_paper_data_from_local_copies_is_what_the_reference_config_reads(ray_clu
 
     # A local folder without the files, and neither or both of --input and --paper-data: clear errors.
     assert main(["prepare", "--paper-data", "--from", str(tmp_path / "nowhere")]) == 1
-    assert "dapo-math-17k.parquet not found" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "nowhere" in err and "aime-2024.parquet not found (it should hold dapo-math-17k.parquet" in err
     assert main(["prepare", "--paper-data", "--input", "x.parquet", "--output", "y.parquet"]) == 2
     assert main(["prepare"]) == 2
