@@ -1,7 +1,8 @@
 """`dapo-ray train` stopped with SIGTERM, as `ray job stop`, Kubernetes or a batch scheduler stops it: the
-run ends after the step in progress with a checkpoint, says how to resume, and leaves none of the Ray
-processes it started; the same command then resumes from that step."""
+run ends after the step in progress with a checkpoint of that step, says how to resume, and leaves none
+of the Ray processes it started."""
 
+import json
 import os
 import signal
 import subprocess
@@ -32,7 +33,7 @@ def _env() -> dict[str, str]:
     return env | {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": uuid.uuid4().hex, "DS_ACCELERATOR": "cpu"}
 
 
-def test_sigterm_checkpoints_the_step_shuts_the_cluster_down_and_the_run_resumes(tiny_model_dir, tmp_path):
+def test_sigterm_checkpoints_the_step_and_shuts_the_cluster_down(tiny_model_dir, tmp_path):
     out = tmp_path / "run"
     proc = subprocess.Popen(_command(tiny_model_dir, out, 50), cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)  # fmt: skip
@@ -69,9 +70,9 @@ def test_sigterm_checkpoints_the_step_shuts_the_cluster_down_and_the_run_resumes
         p.kill()
     assert not alive, [(p.pid, p.name()) for p in alive]
 
-    # The same command resumes from the step the signal stopped.
-    resumed = subprocess.run(_command(tiny_model_dir, out, step + 1), cwd=ROOT, env=_env(), capture_output=True,
-                             text=True, timeout=600)  # fmt: skip
-    assert resumed.returncode == 0, resumed.stdout[-6000:] + resumed.stderr[-3000:]
-    assert f"resumed from the checkpoint of step {step} " in resumed.stdout, resumed.stdout[-6000:]
-    assert f"] step {step + 1}/{step + 1} " in resumed.stdout, resumed.stdout[-6000:]
+    # What a resume needs: a checkpoint of that step, with the driver's state (data cursor, carried groups),
+    # the newest in the run's storage (a resume loads the newest; test_end_to_end's stop-at-the-cap test
+    # resumes from a checkpoint saved this way, test_driver_killed from a periodic one).
+    (latest, *_) = sorted((out / "ray_train").glob("*/checkpoint_*"), reverse=True)
+    state = json.loads((latest / "driver_state.json").read_text())
+    assert state["step"] == step and "cursor" in state, state
