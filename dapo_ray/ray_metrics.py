@@ -98,9 +98,10 @@ class _Metrics:
     def wait_exported(self) -> None:
         """Return once Ray has exported this process's latest values: Ray sends them to the node's
         metrics agent every report interval, so a process that exits sooner after its last update loses
-        it (a short run's trainer worker would never show up at all)."""
+        it (a short run's trainer worker would never show up at all). Two intervals and 2 s: on a loaded
+        machine one interval and 1 s lost the last steps' counts (the exporting thread ran late)."""
         if self.enabled and self.last_update:
-            time.sleep(max(0.0, self.last_update + _report_interval_s() + 1.0 - time.monotonic()))
+            time.sleep(max(0.0, self.last_update + 2 * _report_interval_s() + 2.0 - time.monotonic()))
 
 
 def _report_interval_s() -> float:
