@@ -73,6 +73,6 @@ def test_sigterm_checkpoints_the_step_and_shuts_the_cluster_down(tiny_model_dir,
     # What a resume needs: a checkpoint of that step, with the driver's state (data cursor, carried groups),
     # the newest in the run's storage (a resume loads the newest; test_end_to_end's stop-at-the-cap test
     # resumes from a checkpoint saved this way, test_driver_killed from a periodic one).
-    (latest, *_) = sorted((out / "ray_train").glob("*/checkpoint_*"), reverse=True)
+    (latest, *_) = sorted((p for p in (out / "ray_train").glob("*/checkpoint_*") if p.is_dir()), reverse=True)
     state = json.loads((latest / "driver_state.json").read_text())
     assert state["step"] == step and "cursor" in state, state
