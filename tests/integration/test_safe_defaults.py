@@ -24,7 +24,7 @@ _init_ray(load_config("workflows/configs/tiny_cpu.yaml", ["cluster.num_cpus=1"])
 node = ray._private.worker.global_worker.node
 ports = {"gcs": int(node.gcs_address.rsplit(":", 1)[1]), "metrics": node.metrics_export_port,
          "dashboard": int((node.address_info.get("webui_url") or ":0").rsplit(":", 1)[1])}
-print(json.dumps({"node_ip": node.node_ip_address, "ports": ports}), flush=True)
+print("PORTS " + json.dumps({"node_ip": node.node_ip_address, "ports": ports}), flush=True)
 sys.stdin.readline()  # until the test has looked
 ray.shutdown()
 """
@@ -57,9 +57,13 @@ def test_a_local_cluster_listens_on_localhost_only():
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
     try:
-        line = proc.stdout.readline()
-        assert line, f"the cluster did not start (exit {proc.poll()})"
-        info = json.loads(line)
+        # The run's own start-up lines (the dashboard's address) come first.
+        line = ""
+        for line in proc.stdout:
+            if line.startswith("PORTS "):
+                break
+        assert line.startswith("PORTS "), f"the cluster did not start (exit {proc.poll()})"
+        info = json.loads(line.removeprefix("PORTS "))
         assert info["node_ip"] == "127.0.0.1"
         for name, port in info["ports"].items():
             if not port:
