@@ -13,7 +13,7 @@ demo: setup       ## set up, then run the DAPO demo on a tiny model on a local R
 	$(VENV)/bin/dapo-ray demo --config workflows/configs/tiny_cpu.yaml
 
 test: setup       ## set up, then run the whole test suite
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=15
 
 test-fast:        ## the pure and unit tiers only (seconds)
 	$(PY) -m pytest tests/algo tests/unit -q
