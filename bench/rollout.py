@@ -10,7 +10,7 @@ generated tokens per second of each are printed with their ratio to raw vLLM:
   same `SamplingParams` (`n`, temperature 1.0, top-p 1.0, `max_tokens`, `logprobs=0`, the stop token
   ids). All prompts in one `generate` call.
 * `dapo-ray` (what training runs): a local Ray cluster (`ray.init(num_cpus=8)` through the driver's
-  `_init_ray`), a weight store and the Serve rollout deployment (`deploy_rollout`, one replica, as
+  `init_ray`), a weight store and the Serve rollout deployment (`deploy_rollout`, one replica, as
   `Stack` deploys it), then one `pipeline.generate_round` per call with the driver's shape
   (`max_concurrency = 2 * max_replicas`, `prompts_per_call = prompts // max_concurrency`): a Ray Data
   dataset per round, pooled tasks calling the deployment handle, the replica's weight-version check and
@@ -124,8 +124,7 @@ def build_model(size: str, out: Path, max_len: int) -> dict:
 def make_prompts(count: int) -> list[dict]:
     """The demo's synthetic training problems, tokenized with the chat template as the driver does."""
     from dapo_ray.config import load_config
-    from dapo_ray.data import synthetic_prompts
-    from dapo_ray.driver import tokenize_prompts
+    from dapo_ray.data import synthetic_prompts, tokenize_prompts
     from dapo_ray.tiny_model import build_tokenizer
 
     cfg = load_config(CONFIG)
@@ -298,8 +297,8 @@ def worker_ray(a: argparse.Namespace, prompts: list[dict]) -> dict:
     from ray import serve
 
     from dapo_ray.config import load_config
-    from dapo_ray.driver import _init_ray, _scoring
-    from dapo_ray.pipeline import SamplingSpec, generate_round
+    from dapo_ray.pipeline import SamplingSpec, generate_round, scoring_spec
+    from dapo_ray.ray_cluster import init_ray
     from dapo_ray.rollout.deployment import APP_NAME, deploy_rollout
     from dapo_ray.weights import create_store
 
@@ -314,7 +313,7 @@ def worker_ray(a: argparse.Namespace, prompts: list[dict]) -> dict:
     )
     r = cfg.rollout
     t0 = time.perf_counter()
-    _init_ray(cfg)
+    init_ray(cfg)
     ray_init = time.perf_counter() - t0
     store_name = "weights-bench-rollout"
     store = create_store(store_name)
@@ -328,7 +327,7 @@ def worker_ray(a: argparse.Namespace, prompts: list[dict]) -> dict:
         assert len(replicas) == 1, replicas
         pid = replicas[0]
         sampling = SamplingSpec(r.n, r.temperature, r.top_p, r.max_response_length)
-        scoring = _scoring(cfg)
+        scoring = scoring_spec(cfg)
         concurrency = r.max_replicas * 2  # as driver._loop
         per_call = max(1, len(prompts) // concurrency)
 

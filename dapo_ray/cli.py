@@ -6,9 +6,7 @@ import argparse
 import sys
 import time
 
-from dapo_ray.config import ConfigError, load_config
-
-DEFAULT_CONFIG = "workflows/configs/tiny_cpu.yaml"
+from dapo_ray.config import DEFAULT_CONFIG, ConfigError, load_config
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -125,8 +123,8 @@ def _prepare(args: argparse.Namespace) -> int:
     from dapo_ray import storage
     from dapo_ray.data import BadRowError
     from dapo_ray.datasets import PAPER_DATA, DataSourceError, paper_data_sources, resolve_inputs
-    from dapo_ray.driver import start_local_ray
     from dapo_ray.prepare import PrepareError, prepare, report_path
+    from dapo_ray.ray_cluster import start_local_ray
 
     if args.paper_data == bool(args.input):
         print("dapo-ray prepare: error: give either --input FILE... --output FILE or --paper-data", file=sys.stderr)

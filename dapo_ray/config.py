@@ -20,6 +20,9 @@ from typing import Any, Literal
 
 import yaml
 
+DEFAULT_CONFIG = "workflows/configs/tiny_cpu.yaml"
+"""The config a `dapo-ray` command reads without --config: the demo's."""
+
 
 class ConfigError(ValueError):
     """A config file or override is wrong; the message names the key."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import os
 import random
 import statistics
 import threading
@@ -22,12 +21,13 @@ from pathlib import Path
 from dapo_ray import storage
 from dapo_ray.algo import BatchFiller
 from dapo_ray.config import Config, check_model_fits
-from dapo_ray.data import load_prompts, synthetic_prompts
+from dapo_ray.data import load_prompts, synthetic_prompts, tokenize_prompts
 from dapo_ray.metrics import Tracker, end_failed_run
-from dapo_ray.pipeline import SamplingSpec, ScoringSpec, generate_round
+from dapo_ray.pipeline import SamplingSpec, generate_round, scoring_spec
 from dapo_ray.placement import worker_resources
 from dapo_ray.producer import Producer
-from dapo_ray.progress import Pace, StatusLine, duration
+from dapo_ray.progress import Pace, StatusLine, duration, log
+from dapo_ray.ray_cluster import absolute_paths, init_ray
 from dapo_ray.ray_metrics import DriverMetrics, run_name
 from dapo_ray.stopping import StopRequest
 from dapo_ray.trainer.batch import build_shards, flatten_groups
@@ -71,15 +71,6 @@ class PromptCursor:
         self._reorder()
 
 
-_status: StatusLine | None = None  # the live status line of the running training loop, if any
-
-
-def log(msg: str) -> None:
-    if _status:
-        _status.clear()
-    print(f"[dapo-ray {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
 def prepare_prompts(cfg: Config, tokenizer) -> tuple[list[dict], list[dict]]:
     """(train rows, held-out rows) with `prompt_ids`, prompts over max_prompt_length dropped."""
     d = cfg.data
@@ -103,19 +94,6 @@ def prepare_prompts(cfg: Config, tokenizer) -> tuple[list[dict], list[dict]]:
     return tokenize(train), tokenize(held_out)
 
 
-def tokenize_prompts(rows: list[dict], tokenizer, max_prompt_length: int) -> list[dict]:
-    """Rows with `prompt_ids` (the chat template, with the generation prompt), `uid`, `ground_truth`;
-    prompts longer than `max_prompt_length` tokens are left out."""
-    out = []
-    for r in rows:
-        ids = tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True)
-        if hasattr(ids, "input_ids") or isinstance(ids, dict):
-            ids = ids["input_ids"]
-        if len(ids) <= max_prompt_length:
-            out.append({"uid": r["uid"], "prompt_ids": list(ids), "ground_truth": r["ground_truth"]})
-    return out
-
-
 def evaluate(cfg: Config, rows: list[dict], app: str, concurrency: int) -> dict[str, float]:
     """avg@k, pass@k and maj@k on held-out problems, through the same Ray Data + Serve path as training
     (the code of `dapo-ray eval`, dapo_ray/evaluate.py)."""
@@ -123,14 +101,8 @@ def evaluate(cfg: Config, rows: list[dict], app: str, concurrency: int) -> dict[
 
     if not rows:
         return {}
-    s = summarize(sample_and_score(rows, app, eval_sampling(cfg), _scoring(cfg), concurrency))
+    s = summarize(sample_and_score(rows, app, eval_sampling(cfg), scoring_spec(cfg), concurrency))
     return {"eval/avg_at_k": s["avg_at_k"], "eval/pass_at_k": s["pass_at_k"], "eval/maj_at_k": s["maj_at_k"]}
-
-
-def _scoring(cfg: Config) -> ScoringSpec:
-    a = cfg.algorithm
-    return ScoringSpec(cfg.reward.mode, cfg.rollout.max_response_length, a.soft_overlong, a.overlong_cache_length,
-                       a.overlong_penalty_factor, a.overlong_filter, a.adv_eps, a.adv_std_unbiased)  # fmt: skip
 
 
 def batch_metrics(batch: list[dict], generated: list[dict], version: int) -> dict[str, float]:
@@ -259,12 +231,12 @@ def run(cfg: Config) -> dict:
     from transformers import AutoTokenizer
 
     t_start = time.time()
-    cfg = _absolute_paths(cfg)
+    cfg = absolute_paths(cfg)
     t, a, r = cfg.trainer, cfg.algorithm, cfg.rollout
     check_model_fits(cfg)
     if not storage.is_uri(t.output_dir):
         Path(t.output_dir).mkdir(parents=True, exist_ok=True)
-    _init_ray(cfg)
+    init_ray(cfg)
     tokenizer = AutoTokenizer.from_pretrained(r.model_path)
     train_rows, eval_rows = prepare_prompts(cfg, tokenizer)
     cursor = PromptCursor(train_rows, cfg.data.shuffle, cfg.data.seed)
@@ -284,238 +256,302 @@ def run(cfg: Config) -> dict:
 
 def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, eval_rows: list[dict],
           probe_ids: list[int], t_start: float, stop: StopRequest) -> dict:  # fmt: skip
-    """The RL steps: take a batch -> train -> publish and sync -> evaluate; checkpoints ride along with
-    train. The producer samples, scores and filters (the next batch meanwhile, with max_policy_lag >= 1).
-    A stop request (`dapo_ray.stopping`) ends the loop after the step in progress, with a checkpoint."""
-    t, r = cfg.trainer, cfg.rollout
-    totals = {"generated_groups": 0, "kept_groups": 0, "rounds": 0, "partial_steps": 0, "skipped_steps": 0,
-              "stale_dropped": 0}  # fmt: skip
-    # What workers restarted before the first checkpoint go back to.
-    start = copy.deepcopy({"cursor": cursor.state_dict(), "filler": filler.state_dict(), "totals": totals})
-
-    def restore(ready: dict) -> int:
-        """Go back to where the (re)started workers are: their checkpoint's step, with the data cursor,
-        carried groups and totals saved with it (the run's start without one), once every replica serves
-        their weights. Returns that step."""
-        nonlocal totals
-        state = copy.deepcopy(ready["driver_state"] or start)
-        cursor.load_state_dict(state["cursor"])
-        filler.load_state_dict(state["filler"])
-        totals = state["totals"]
-        stack.sync(ready["step"])
-        return ready["step"]
-
-    ready = stack.next_result("ready")
-    step = restore(ready)
-    if ready["driver_state"]:
-        log(f"resumed from the checkpoint of step {step} (epoch {cursor.epoch}, prompt {cursor.index})")
-    concurrency = r.max_replicas * 2
-    tracker = Tracker(cfg.tracking.enabled, _tracking_uri(cfg), cfg.tracking.experiment, run_name(cfg),
-                      cfg.flat(), resume=step > 0, config_yaml=cfg.to_yaml(),
-                      system_metrics=cfg.tracking.system_metrics)  # fmt: skip
-    exported = DriverMetrics(cfg.tracking.ray_metrics, run_name(cfg))
-    summary: dict = {"start_step": step, "start_cursor": cursor.state_dict(), "evals": [], "steps_log": [],
-                     "empty_step_draws": [], "eval_s": 0.0, "restarts": []}  # fmt: skip
-
-    def evaluate_now() -> dict:  # sums the time spent evaluating after training started (train_s includes it)
-        t0 = time.time()
-        ev = evaluate(cfg, eval_rows, stack.app, concurrency)
-        summary["eval_s"] += time.time() - t0
-        return ev
-
-    def evaluated(ev: dict, train_s: float) -> None:  # the held-out curve against time, step and generation
-        summary["evals"].append({"step": step, "train_s": train_s, "eval_s": summary["eval_s"],
-                                 "generated": totals["generated_groups"] * r.n, **ev})  # fmt: skip
-
-    if step == 0 and eval_rows:
-        ev = evaluate(cfg, eval_rows, stack.app, concurrency)  # before the training clock starts
-        summary["eval_before"] = ev
-        evaluated(ev, 0.0)
-        tracker.log(ev, step=0)
-        exported.record(ev, step=0)
-        log(f"held-out before training: avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%}, pass@{cfg.eval.n} {ev['eval/pass_at_k']:.1%}")
-
-    sampling = SamplingSpec(r.n, r.temperature, r.top_p, r.max_response_length, t.seed if r.seed_per_prompt else None)
-    scoring = _scoring(cfg)
-
-    def rollout(prompts: list[dict]) -> list[dict]:
-        return generate_round(prompts, stack.app, sampling, scoring,
-                              prompts_per_call=max(1, len(prompts) // concurrency), max_concurrency=concurrency)  # fmt: skip
-
-    def new_producer() -> Producer:
-        return Producer(cursor, filler, rollout, t.gen_batch_size, overlap=cfg.algorithm.max_policy_lag >= 1)
-
-    def restarted(ready: dict) -> int:
-        """Ray Train restarted the workers after one failed: the steps since their checkpoint are trained
-        again, from the prompts and carried groups saved with it. Returns the step to go on from."""
-        nonlocal producer, pace, skip_streak
-        producer.close()  # a prefetch in flight is discarded, as on a resume
-        failed_at = step + 1
-        log(f"a trainer worker failed in step {failed_at}; Ray Train restarted the workers from the checkpoint of "
-            f"step {ready['step']} ({failed_at - 1 - ready['step']} trained step(s) lost, trained again)")  # fmt: skip
-        back_to = restore(ready)
-        summary["restarts"].append({"failed_at_step": failed_at, "resumed_step": back_to, "cursor": cursor.state_dict(),
-                                    "carried_groups": len(filler.state_dict()["kept"])})  # fmt: skip
-        producer, pace, skip_streak = new_producer(), Pace(t.total_steps), 0
-        pace.mark(back_to)
-        return back_to
-
-    producer = new_producer()
-    t_train = time.time()
-    empty_steps = 0
-    pace = Pace(t.total_steps)
-    skip_streak = 0  # optimizer updates skipped in a row for a NaN/inf gradient
-    pace.mark(step)
-    live = {"started": time.time(), "last": "", "held_out": ""}
-    if eval_rows and "eval_before" in summary:
-        live["held_out"] = f"held-out avg@{cfg.eval.n} {summary['eval_before']['eval/avg_at_k']:.1%} at step 0"
-    global _status
-    _status = StatusLine(lambda: f"step {step + 1}/{t.total_steps} running {duration(time.time() - live['started'])}"
-                                 f"  {pace.eta()}  {live['last']}  {live['held_out']}")  # fmt: skip
+    """The RL steps: take a batch -> train (publish rides along) -> sync -> log -> evaluate; checkpoints
+    ride along with train. The producer samples, scores and filters (the next batch meanwhile, with
+    max_policy_lag >= 1). A stop request (`dapo_ray.stopping`) ends the loop after the step in progress,
+    with a checkpoint. Restarts, bookkeeping and printing are `_Run`'s."""
+    t = cfg.trainer
+    run = _Run(cfg, stack, cursor, filler, eval_rows)  # at the step the trainer workers start from
+    if run.step == 0 and eval_rows:
+        run.evaluated(run.evaluate(), "before")
+    run.start_training()
     try:
-        while step < t.total_steps:
-            if t.max_generated and totals["generated_groups"] * r.n >= t.max_generated:
-                log(f"stopping at step {step}: {totals['generated_groups'] * r.n} responses generated "
-                    f"(trainer.max_generated={t.max_generated})")
-                break
+        while run.step < t.total_steps and not run.generation_budget_spent():
             # 1. Take a batch of kept groups (dynamic sampling); the next one may start generating now.
             t0 = time.time()
-            b = producer.take(step, prefetch=step + 1 < t.total_steps)
-            fill = b.fill
-            for k in ("generated_groups", "kept_groups", "rounds", "stale_dropped"):
-                totals[k] = totals.get(k, 0) + getattr(fill, k)
-            totals["partial_steps"] += fill.outcome == "partial"
-            totals["skipped_steps"] += fill.outcome == "empty"
-            if fill.outcome != "full":
-                log(fill.message)
+            b = run.producer.take(run.step, prefetch=run.step + 1 < t.total_steps)
+            fill = run.count(b.fill)
             if fill.outcome == "stopped":  # checkpoint first: the kept groups and the data cursor survive
-                if (res := stack.save(b.state | {"totals": totals}))["kind"] == "ready":
-                    step = restarted(res)
+                if run.restarted(stack.save(run.save_state(b))):
                     continue
-                log(f"saved a checkpoint at step {step} with {fill.carried_out} kept groups; re-run to resume")
-                summary["stopped"] = {"step": step, "kept_groups": fill.carried_out}
+                log(f"saved a checkpoint at step {run.step} with {fill.carried_out} kept groups; re-run to resume")
+                run.summary["stopped"] = {"step": run.step, "kept_groups": fill.carried_out}
                 break
             if fill.outcome == "empty":  # nothing to train on: its prompts were all filtered out
-                summary["empty_step_draws"] += b.draws["filtered"]
-                empty_steps += 1
-                if empty_steps == 3:
-                    log("stopping: 3 steps in a row found no group with both right and wrong answers; the task "
-                        "is too hard or too easy for this model (check eval accuracy and rollout settings)")
+                if run.nothing_to_train(b) == 3:
                     break
                 continue
-            empty_steps = 0
+            run.empty_steps = 0
 
-            # 2. Train on it: one shard per worker; a checkpoint (with the producer's state) when due.
+            # 2. Train on it (one shard per worker; rank 0 publishes the new weights); a checkpoint, with
+            #    the driver's state, when due.
             t1 = time.time()
-            due = (t.save_every and (step + 1) % t.save_every == 0) or step + 1 == t.total_steps
+            due = (t.save_every and (run.step + 1) % t.save_every == 0) or run.step + 1 == t.total_steps
             shards = build_shards(flatten_groups(b.groups), t.num_workers, t.mini_batch_size, t.micro_batch_size,
-                                  seed=t.seed + step, micro_batch_tokens=t.micro_batch_tokens)  # fmt: skip
+                                  seed=t.seed + run.step, micro_batch_tokens=t.micro_batch_tokens)  # fmt: skip
             t2 = time.time()
-            res = stack.train(shards, b.state | {"totals": totals} if due else None)
-            if res["kind"] == "ready":
-                step = restarted(res)
+            res = stack.train(shards, run.save_state(b) if due else None)
+            if run.restarted(res):
                 continue
-            step = res["step"]
-            skip_streak = skip_streak + res["actor/updates"] if res["actor/skipped_updates"] == res["actor/updates"] \
-                else res["skip/trailing"]  # fmt: skip
-            del res["skip/trailing"]
+            run.step = res["step"]
 
             # 3. Sync: every replica serves the new version before the next on-policy rollout; check it.
             t3 = time.time()
-            versions = stack.sync(step)
+            versions = stack.sync(run.step)
             t4 = time.time()
             engine_version, engine_lp = stack.handle.sequence_logprobs.remote(probe_ids).result()
             probe_diff = max(abs(x - y) for x, y in zip(engine_lp, res.pop("probe_logprobs"), strict=True))
             t5 = time.time()
-            metrics = {
-                **batch_metrics(b.groups, b.generated, step - 1),
-                **{f"dynamic_sampling/{k}": v for k, v in fill.__dict__.items() if isinstance(v, int)},
-                "dynamic_sampling/partial": float(fill.outcome == "partial"),
-                **{f"ledger/{k}": v for k, v in dataclasses.asdict(producer.ledger).items()},
-                **{k: v for k, v in res.items() if k not in ("kind", "step")},
-                "weight_sync/wait_s": t4 - t3,
-                "weight_sync/logprob_max_diff": probe_diff,
-                "weight_sync/replicas": len(versions),
-                "timing/generate_s": b.generate_s,
-                "timing/wait_batch_s": b.waited_s,
-                "timing/shard_s": t2 - t1,
-                "timing/train_s": t3 - t2,
-                "timing/sync_s": t4 - t3,
-                "timing/probe_s": t5 - t4,
-            }
-            metrics |= _phases(metrics, step_s=time.time() - t0)
-            summary["steps_log"].append({"step": step, "replica_versions": versions, "probe_version": engine_version,
-                                         "draws": b.draws, "metrics": metrics,
-                                         "sampled_by": [(g.get("replica"), g["policy_version"]) for g in b.generated]})  # fmt: skip
-            tracker.log(metrics, step=step)
-            exported.record(metrics, step=step)
-            pace.mark(step)
-            live.update(started=time.time(), last=f"last step: reward {metrics['critic/score/mean']:+.3f} "
-                                                  f"acc {metrics['rollout/acc_all_generated']:.1%}")  # fmt: skip
-            _print_step(step, t.total_steps, metrics, fill, pace.eta(), live["held_out"])
-            if metrics["actor/skipped_updates"]:
-                log(f"step {step}: {metrics['actor/skipped_updates']} of {metrics['actor/updates']} updates skipped for a "
-                    f"NaN or inf gradient ({skip_streak} in a row; trainer.max_skipped_updates={t.max_skipped_updates})")  # fmt: skip
-            if skip_streak >= t.max_skipped_updates:
-                log(f"stopping: {skip_streak} updates in a row had a NaN or inf gradient and were skipped; the "
-                    f"weights are those before the first of them. Lower trainer.lr or check the data and rewards")  # fmt: skip
-                summary["stopped"] = {"step": step, "skipped_updates_in_a_row": skip_streak}
+
+            # 4. Log the step.
+            timing = {"timing/generate_s": b.generate_s, "timing/wait_batch_s": b.waited_s, "timing/shard_s": t2 - t1,
+                      "timing/train_s": t3 - t2, "timing/sync_s": t4 - t3, "timing/probe_s": t5 - t4}  # fmt: skip
+            sync = {"weight_sync/wait_s": t4 - t3, "weight_sync/logprob_max_diff": probe_diff,
+                    "weight_sync/replicas": len(versions)}  # fmt: skip
+            metrics = run.stepped(b, res, sync | timing, time.time() - t0, versions, engine_version)
+            if run.too_many_skipped_updates(metrics):
                 break
 
-            # 4. Evaluate every eval.every steps.
-            if eval_rows and cfg.eval.every and step % cfg.eval.every == 0 and step < t.total_steps and not stop.signal:
-                ev = evaluate_now()
-                tracker.log(ev, step=step)
-                exported.record(ev, step=step)
-                evaluated(ev, time.time() - t_train)
-                live["held_out"] = f"held-out avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%} at step {step}"
-                log(f"held-out at step {step}: avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%}")
+            # 5. Evaluate every eval.every steps.
+            if eval_rows and cfg.eval.every and run.step % cfg.eval.every == 0 and run.step < t.total_steps \
+                    and not stop.signal:  # fmt: skip
+                run.evaluated(run.evaluate(), "during")
 
-            # 5. A stop request: checkpoint this step (unless it just did) and leave.
+            # 6. A stop request: checkpoint this step (unless it just did) and leave.
             if stop.signal:
-                if not due and (res := stack.save(b.state | {"totals": totals}))["kind"] == "ready":
+                if not due and (res := stack.save(run.save_state(b)))["kind"] == "ready":
                     log(f"the trainer workers restarted from the checkpoint of step {res['step']} while saving")
-                    step = res["step"]
-                summary["stopped"] = {"step": step, "signal": stop.signal}
+                    run.step = res["step"]
+                run.summary["stopped"] = {"step": run.step, "signal": stop.signal}
                 break
     finally:
-        producer.close()
-        _status.close()
-        _status = None
-
+        run.stop_training()
     if stop.signal:  # no final model and no final evaluation: the run is not over
-        tracker.close(status="KILLED")
-        summary.update(steps=step, end_cursor=cursor.state_dict(), train_s=time.time() - t_train, totals=totals,
-                       wall_s=time.time() - t_start)  # fmt: skip
-        log(f"stopped by {stop.signal} at step {step} of {t.total_steps}, checkpoint saved in {t.output_dir}; "
-            f"to resume, run the same command again: {resume_command()}")  # fmt: skip
-        return summary
+        return run.stopped_by(stop.signal, t_start)
+    return run.finish(t_start)
 
-    final = stack.finish(step)
-    summary.update(steps=step, end_cursor=cursor.state_dict(), final_model=final, train_s=time.time() - t_train,
-                   totals=totals)  # fmt: skip
-    log(f"dynamic sampling over the run: kept {totals['kept_groups']}/{totals['generated_groups']} groups in "
-        f"{totals['rounds']} rounds; {totals['partial_steps']} partial and {totals['skipped_steps']} skipped steps; "
-        f"{totals.get('stale_dropped', 0)} carried groups dropped as older than max_policy_lag")
-    if eval_rows:
-        ev = evaluate_now()
-        summary["eval_after"] = ev
-        evaluated(ev, time.time() - t_train)
-        tracker.log(ev, step=step)
-        exported.record(ev, step=step)
-        log(f"held-out after training: avg@{cfg.eval.n} {ev['eval/avg_at_k']:.1%}, pass@{cfg.eval.n} {ev['eval/pass_at_k']:.1%}")
-    if cfg.tracking.log_model and not storage.is_uri(final):
-        # Trainer rank 0 wrote it, maybe on another node: only a shared output_dir shows it here.
-        if Path(final).is_dir():
-            tracker.log_artifacts(final, "final_model")
+
+class _Run:
+    """A run between its steps: where it stands (step, data cursor, carried groups, totals), what goes
+    back when the trainer workers restart, and its record (MLflow, Ray metrics, the summary, the console).
+    `_loop` is its step, top to bottom."""
+
+    def __init__(self, cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, eval_rows: list[dict]):
+        r = cfg.rollout
+        self.cfg, self.stack, self.cursor, self.filler, self.eval_rows = cfg, stack, cursor, filler, eval_rows
+        self.totals = {"generated_groups": 0, "kept_groups": 0, "rounds": 0, "partial_steps": 0,
+                       "skipped_steps": 0, "stale_dropped": 0}  # fmt: skip
+        # What workers restarted before the first checkpoint go back to.
+        self.start = copy.deepcopy(self._state())
+        ready = stack.next_result("ready")
+        self.step = self._restore(ready)
+        if ready["driver_state"]:
+            log(f"resumed from the checkpoint of step {self.step} (epoch {cursor.epoch}, prompt {cursor.index})")
+        self.concurrency = r.max_replicas * 2
+        self.tracker = Tracker(cfg.tracking.enabled, _tracking_uri(cfg), cfg.tracking.experiment, run_name(cfg),
+                               cfg.flat(), resume=self.step > 0, config_yaml=cfg.to_yaml(),
+                               system_metrics=cfg.tracking.system_metrics)  # fmt: skip
+        self.exported = DriverMetrics(cfg.tracking.ray_metrics, run_name(cfg))
+        self.summary: dict = {"start_step": self.step, "start_cursor": cursor.state_dict(), "evals": [],
+                              "steps_log": [], "empty_step_draws": [], "eval_s": 0.0, "restarts": []}  # fmt: skip
+        self.sampling = SamplingSpec(r.n, r.temperature, r.top_p, r.max_response_length,
+                                     cfg.trainer.seed if r.seed_per_prompt else None)  # fmt: skip
+        self.scoring = scoring_spec(cfg)
+        self.empty_steps = 0  # steps in a row that found no group to train on
+        self.skip_streak = 0  # optimizer updates skipped in a row for a NaN/inf gradient
+        self.held_out = ""  # the latest held-out score, for the step lines and the status line
+        self.t_train: float | None = None  # when training started (after the first evaluation)
+
+    # --- where the run stands, and going back to a checkpoint ---------------------------------------------
+
+    def _state(self) -> dict:
+        return {"cursor": self.cursor.state_dict(), "filler": self.filler.state_dict(), "totals": self.totals}
+
+    def save_state(self, b) -> dict:
+        """What a checkpoint of this step carries for the driver: the producer's state and the totals."""
+        return b.state | {"totals": self.totals}
+
+    def _restore(self, ready: dict) -> int:
+        """Go back to where the (re)started workers are: their checkpoint's step, with the data cursor,
+        carried groups and totals saved with it (the run's start without one), once every replica serves
+        their weights. Returns that step."""
+        state = copy.deepcopy(ready["driver_state"] or self.start)
+        self.cursor.load_state_dict(state["cursor"])
+        self.filler.load_state_dict(state["filler"])
+        self.totals = state["totals"]
+        self.stack.sync(ready["step"])
+        return ready["step"]
+
+    def restarted(self, res: dict) -> bool:
+        """If `res` says Ray Train restarted the workers after one failed, go back to their checkpoint: the
+        steps since are trained again, from the prompts and carried groups saved with it."""
+        if res["kind"] != "ready":
+            return False
+        self.producer.close()  # a prefetch in flight is discarded, as on a resume
+        failed_at = self.step + 1
+        log(f"a trainer worker failed in step {failed_at}; Ray Train restarted the workers from the checkpoint of "
+            f"step {res['step']} ({failed_at - 1 - res['step']} trained step(s) lost, trained again)")  # fmt: skip
+        self.step = self._restore(res)
+        self.summary["restarts"].append({"failed_at_step": failed_at, "resumed_step": self.step,
+                                         "cursor": self.cursor.state_dict(),
+                                         "carried_groups": len(self.filler.state_dict()["kept"])})  # fmt: skip
+        self.producer, self.pace, self.skip_streak = self._new_producer(), Pace(self.cfg.trainer.total_steps), 0
+        self.pace.mark(self.step)
+        return True
+
+    # --- the producer and the step's bookkeeping ----------------------------------------------------------
+
+    def _rollout(self, prompts: list[dict]) -> list[dict]:
+        return generate_round(prompts, self.stack.app, self.sampling, self.scoring,
+                              prompts_per_call=max(1, len(prompts) // self.concurrency),
+                              max_concurrency=self.concurrency)  # fmt: skip
+
+    def _new_producer(self) -> Producer:
+        return Producer(self.cursor, self.filler, self._rollout, self.cfg.trainer.gen_batch_size,
+                        overlap=self.cfg.algorithm.max_policy_lag >= 1)  # fmt: skip
+
+    def start_training(self) -> None:
+        """The producer, the training clock, the pace and the live status line."""
+        total = self.cfg.trainer.total_steps
+        self.producer = self._new_producer()
+        self.t_train = time.time()
+        self.pace = Pace(total)
+        self.pace.mark(self.step)
+        self.live = {"started": time.time(), "last": ""}
+        self.status = StatusLine(lambda: f"step {self.step + 1}/{total} running {duration(time.time() - self.live['started'])}"
+                                         f"  {self.pace.eta()}  {self.live['last']}  {self.held_out}")  # fmt: skip
+
+    def stop_training(self) -> None:
+        self.producer.close()
+        self.status.close()
+
+    def generation_budget_spent(self) -> bool:
+        t, n = self.cfg.trainer, self.cfg.rollout.n
+        if t.max_generated and self.totals["generated_groups"] * n >= t.max_generated:
+            log(f"stopping at step {self.step}: {self.totals['generated_groups'] * n} responses generated "
+                f"(trainer.max_generated={t.max_generated})")
+            return True
+        return False
+
+    def count(self, fill):
+        """Add a batch's filling to the run's totals; say why when it is not a full batch."""
+        for k in ("generated_groups", "kept_groups", "rounds", "stale_dropped"):
+            self.totals[k] = self.totals.get(k, 0) + getattr(fill, k)
+        self.totals["partial_steps"] += fill.outcome == "partial"
+        self.totals["skipped_steps"] += fill.outcome == "empty"
+        if fill.outcome != "full":
+            log(fill.message)
+        return fill
+
+    def nothing_to_train(self, b) -> int:
+        """A step whose prompts were all filtered out; returns how many such steps came in a row."""
+        self.summary["empty_step_draws"] += b.draws["filtered"]
+        self.empty_steps += 1
+        if self.empty_steps == 3:
+            log("stopping: 3 steps in a row found no group with both right and wrong answers; the task "
+                "is too hard or too easy for this model (check eval accuracy and rollout settings)")
+        return self.empty_steps
+
+    def stepped(self, b, res: dict, extra: dict[str, float], step_s: float, replica_versions: dict[str, int],
+                probe_version: int) -> dict:  # fmt: skip
+        """Log a trained step: its metrics to MLflow and Ray's metrics, the summary, the console."""
+        fill = b.fill
+        self.skip_streak = self.skip_streak + res["actor/updates"] \
+            if res["actor/skipped_updates"] == res["actor/updates"] else res["skip/trailing"]  # fmt: skip
+        metrics = {
+            **batch_metrics(b.groups, b.generated, self.step - 1),
+            **{f"dynamic_sampling/{k}": v for k, v in fill.__dict__.items() if isinstance(v, int)},
+            "dynamic_sampling/partial": float(fill.outcome == "partial"),
+            **{f"ledger/{k}": v for k, v in dataclasses.asdict(self.producer.ledger).items()},
+            **{k: v for k, v in res.items() if k not in ("kind", "step", "skip/trailing")},
+            **extra,
+        }
+        metrics |= _phases(metrics, step_s=step_s)
+        self.summary["steps_log"].append({"step": self.step, "replica_versions": replica_versions,
+                                          "probe_version": probe_version, "draws": b.draws, "metrics": metrics,
+                                          "sampled_by": [(g.get("replica"), g["policy_version"]) for g in b.generated]})  # fmt: skip
+        self.tracker.log(metrics, step=self.step)
+        self.exported.record(metrics, step=self.step)
+        self.pace.mark(self.step)
+        self.live.update(started=time.time(), last=f"last step: reward {metrics['critic/score/mean']:+.3f} "
+                                                   f"acc {metrics['rollout/acc_all_generated']:.1%}")  # fmt: skip
+        _print_step(self.step, self.cfg.trainer.total_steps, metrics, fill, self.pace.eta(), self.held_out)
+        return metrics
+
+    def too_many_skipped_updates(self, metrics: dict) -> bool:
+        t = self.cfg.trainer
+        if metrics["actor/skipped_updates"]:
+            log(f"step {self.step}: {metrics['actor/skipped_updates']} of {metrics['actor/updates']} updates skipped "
+                f"for a NaN or inf gradient ({self.skip_streak} in a row; trainer.max_skipped_updates="
+                f"{t.max_skipped_updates})")  # fmt: skip
+        if self.skip_streak < t.max_skipped_updates:
+            return False
+        log(f"stopping: {self.skip_streak} updates in a row had a NaN or inf gradient and were skipped; the "
+            f"weights are those before the first of them. Lower trainer.lr or check the data and rewards")  # fmt: skip
+        self.summary["stopped"] = {"step": self.step, "skipped_updates_in_a_row": self.skip_streak}
+        return True
+
+    # --- held-out evaluation --------------------------------------------------------------------------------
+
+    def evaluate(self) -> dict:
+        """Held-out scores now. Time spent after training started is summed (train_s includes it)."""
+        t0 = time.time()
+        ev = evaluate(self.cfg, self.eval_rows, self.stack.app, self.concurrency)
+        if self.t_train is not None:
+            self.summary["eval_s"] += time.time() - t0
+        return ev
+
+    def evaluated(self, ev: dict, moment: str) -> None:
+        """Record held-out scores taken "before", "during" or "after" training: the curve against time, step
+        and generation, MLflow, Ray's metrics, the console."""
+        n = self.cfg.eval.n
+        train_s = 0.0 if moment == "before" else time.time() - self.t_train
+        self.summary["evals"].append({"step": self.step, "train_s": train_s, "eval_s": self.summary["eval_s"],
+                                      "generated": self.totals["generated_groups"] * self.cfg.rollout.n, **ev})  # fmt: skip
+        self.tracker.log(ev, step=self.step)
+        self.exported.record(ev, step=self.step)
+        self.held_out = f"held-out avg@{n} {ev['eval/avg_at_k']:.1%} at step {self.step}"
+        if moment == "during":
+            log(f"held-out at step {self.step}: avg@{n} {ev['eval/avg_at_k']:.1%}")
         else:
-            log(f"final model not stored with the MLflow run: {final} is not on the driver's machine")
-    if cfg.tracking.enabled and cfg.tracking.report:
-        summary["report"] = _report(cfg, tracker)
-    tracker.close()
-    summary["wall_s"] = time.time() - t_start
-    log(f"final model: {final}  ({summary['wall_s']:.0f}s in all)")
-    return summary
+            self.summary[f"eval_{moment}"] = ev
+            log(f"held-out {moment} training: avg@{n} {ev['eval/avg_at_k']:.1%}, pass@{n} {ev['eval/pass_at_k']:.1%}")
+
+    # --- the end ----------------------------------------------------------------------------------------------
+
+    def stopped_by(self, signal: str, t_start: float) -> dict:
+        """A stop request's end: the checkpoint is saved; no final model, no final evaluation."""
+        t = self.cfg.trainer
+        self.tracker.close(status="KILLED")
+        self.summary.update(steps=self.step, end_cursor=self.cursor.state_dict(), train_s=time.time() - self.t_train,
+                            totals=self.totals, wall_s=time.time() - t_start)  # fmt: skip
+        log(f"stopped by {signal} at step {self.step} of {t.total_steps}, checkpoint saved in {t.output_dir}; "
+            f"to resume, run the same command again: {resume_command()}")  # fmt: skip
+        return self.summary
+
+    def finish(self, t_start: float) -> dict:
+        """The final model, the run's dynamic-sampling totals, the held-out score after training, the report."""
+        cfg, totals, summary = self.cfg, self.totals, self.summary
+        final = self.stack.finish(self.step)
+        summary.update(steps=self.step, end_cursor=self.cursor.state_dict(), final_model=final,
+                       train_s=time.time() - self.t_train, totals=totals)  # fmt: skip
+        log(f"dynamic sampling over the run: kept {totals['kept_groups']}/{totals['generated_groups']} groups in "
+            f"{totals['rounds']} rounds; {totals['partial_steps']} partial and {totals['skipped_steps']} skipped "
+            f"steps; {totals.get('stale_dropped', 0)} carried groups dropped as older than max_policy_lag")  # fmt: skip
+        if self.eval_rows:
+            self.evaluated(self.evaluate(), "after")
+        if cfg.tracking.log_model and not storage.is_uri(final):
+            # Trainer rank 0 wrote it, maybe on another node: only a shared output_dir shows it here.
+            if Path(final).is_dir():
+                self.tracker.log_artifacts(final, "final_model")
+            else:
+                log(f"final model not stored with the MLflow run: {final} is not on the driver's machine")
+        if cfg.tracking.enabled and cfg.tracking.report:
+            summary["report"] = _report(cfg, self.tracker)
+        self.tracker.close()
+        summary["wall_s"] = time.time() - t_start
+        log(f"final model: {final}  ({summary['wall_s']:.0f}s in all)")
+        return summary
 
 
 def resume_command() -> str:
@@ -578,23 +614,6 @@ def _phases(m: dict, step_s: float) -> dict[str, float]:
     return {**named, "phase/other_s": step_s - sum(named.values()), "timing/step_s": step_s}
 
 
-def _absolute_paths(cfg: Config) -> Config:
-    """Ray workers and replicas do not share the driver's working directory: resolve paths here."""
-    from dataclasses import replace
-
-    model = Path(cfg.rollout.model_path)
-    if not (model / "config.json").exists():
-        raise FileNotFoundError(f"rollout.model_path={cfg.rollout.model_path!r} is not a local HF model directory "
-                                "(no config.json); models are loaded from paths, never downloaded")  # fmt: skip
-    return replace(
-        cfg,
-        rollout=replace(cfg.rollout, model_path=str(model.resolve())),
-        trainer=replace(cfg.trainer, output_dir=storage.resolve(cfg.trainer.output_dir)),
-        data=replace(cfg.data, train_files=tuple(str(Path(f).resolve()) for f in cfg.data.train_files)),
-        eval=replace(cfg.eval, files=tuple(str(Path(f).resolve()) for f in cfg.eval.files)),
-    )
-
-
 def _run_config(name: str, location: str, max_failures: int):
     """Ray Train's checkpoints under `location` (a path, or object storage through pyarrow.fs), and the
     worker failures it restarts the workers after."""
@@ -625,61 +644,3 @@ def _fit(trainer, errors: list) -> None:
         trainer.fit()
     except BaseException as e:  # noqa: BLE001 - surfaced by the driver
         errors.append(e)
-
-
-def start_local_ray(**kwargs):
-    """Start a Ray cluster of this machine alone that listens on loopback only: GCS, dashboard, metrics.
-    Returns `ray.init`'s context.
-
-    Ray binds them to the node's IP, so on every interface of a laptop or a shared host, and `ray.init`
-    replaces a loopback node IP by the machine's address unless Ray's multi-node switch is off (its
-    default on macOS and Windows): it is turned off for this call."""
-    import ray
-    from ray._private import ray_constants
-
-    multi_node = ray_constants.ENABLE_RAY_CLUSTER
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        return ray.init(address="local", _node_ip_address="127.0.0.1", dashboard_host="127.0.0.1", **kwargs)
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = multi_node
-
-
-def dashboard_line(dashboard_url: str | None) -> str:
-    """Where the Ray dashboard is, and how to sign in to it. Ray turns token authentication on for a
-    cluster that `ray.init` starts (and for `ray start` where ~/.ray/auth_token exists), unless
-    RAY_AUTH_MODE says otherwise; `ray.init` then sets RAY_AUTH_MODE=token in this process."""
-    if not dashboard_url:
-        return "Ray dashboard: not running (include_dashboard is off)"
-    url = dashboard_url if "://" in dashboard_url else f"http://{dashboard_url}"
-    if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
-        return (f"Ray dashboard: {url} (token authentication is on: paste the token that `ray get-auth-token` "
-                f"prints when the page asks; `ray job submit` and other CLI calls need RAY_AUTH_MODE=token)")  # fmt: skip
-    return f"Ray dashboard: {url}"
-
-
-def _init_ray(cfg: Config) -> None:
-    import logging
-
-    import ray
-    from ray.data import DataContext
-
-    data_ctx = DataContext.get_current()
-    data_ctx.enable_progress_bars = False
-    data_ctx.print_on_execution_start = False
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
-    if ray.is_initialized():
-        return
-    env = {"DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu" if not cfg.trainer.use_gpu else "cuda"),
-           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}  # fmt: skip
-    if "TORCH_EXTENSIONS_DIR" in os.environ:
-        env["TORCH_EXTENSIONS_DIR"] = os.environ["TORCH_EXTENSIONS_DIR"]
-    address = cfg.cluster.address or os.environ.get("RAY_ADDRESS") or None
-    if address:
-        # Under `ray job submit` the job's runtime_env already reaches every worker, and Ray refuses a
-        # driver runtime_env that repeats one of its variables: add only what is not set here yet.
-        env = {k: v for k, v in env.items() if k not in os.environ}
-        ctx = ray.init(address=address, runtime_env={"env_vars": env} if env else None)
-    else:
-        ctx = start_local_ray(num_cpus=cfg.cluster.num_cpus, runtime_env={"env_vars": env})  # always our own
-    log(dashboard_line(ctx.dashboard_url))

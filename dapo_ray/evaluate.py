@@ -220,8 +220,8 @@ def load_eval_set(cfg, tokenizer) -> tuple[str, list[dict], int]:
     training), ground_truth and the problem's first words. Prompts longer than data.max_prompt_length
     tokens are dropped, as in training."""
     from dapo_ray.config import ConfigError
-    from dapo_ray.data import load_prompts, synthetic_prompts
-    from dapo_ray.driver import log, tokenize_prompts
+    from dapo_ray.data import load_prompts, synthetic_prompts, tokenize_prompts
+    from dapo_ray.progress import log
 
     d = cfg.data
     if cfg.eval.files:
@@ -276,22 +276,24 @@ def evaluate_model(cfg, out: str | Path | None = None) -> dict:
     from transformers import AutoTokenizer
 
     from dapo_ray.config import ConfigError
-    from dapo_ray.driver import _absolute_paths, _init_ray, _scoring, log
+    from dapo_ray.pipeline import scoring_spec
+    from dapo_ray.progress import log
+    from dapo_ray.ray_cluster import absolute_paths, init_ray
     from dapo_ray.rollout.deployment import APP_NAME, deploy_rollout
     from dapo_ray.weights import create_store
 
     t_start = time.time()
-    cfg = _absolute_paths(cfg)
+    cfg = absolute_paths(cfg)
     r, e = cfg.rollout, cfg.eval
     tokenizer = AutoTokenizer.from_pretrained(r.model_path)
     name, rows, dropped = load_eval_set(cfg, tokenizer)
     if not rows:
         raise ConfigError(f"no problem of {name} fits in data.max_prompt_length={cfg.data.max_prompt_length} tokens")
     out = Path(out) if out else default_out(r.model_path, name)
-    sampling, scoring = eval_sampling(cfg), _scoring(cfg)
+    sampling, scoring = eval_sampling(cfg), scoring_spec(cfg)
 
     started_ray = not ray.is_initialized()
-    _init_ray(cfg)
+    init_ray(cfg)
     if APP_NAME in serve.status().applications:
         raise RuntimeError(f"the Serve application {APP_NAME!r} already runs on this cluster (a training run?); "
                            "evaluate on another cluster or once it has finished")  # fmt: skip
@@ -361,7 +363,7 @@ def _main(args: argparse.Namespace) -> int:
 
 def add_parser(sub) -> None:
     """Register `dapo-ray eval` on the CLI's subparsers."""
-    from dapo_ray.cli import DEFAULT_CONFIG
+    from dapo_ray.config import DEFAULT_CONFIG
 
     p = sub.add_parser("eval", help="avg@k, best@k and maj@k of a model directory on a prompt set (Serve + Ray Data)")
     p.add_argument("--config", default=DEFAULT_CONFIG, help="YAML config file (its eval section: k, sampling)")

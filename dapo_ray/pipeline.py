@@ -98,6 +98,13 @@ class ScoringSpec:
     adv_std_unbiased: bool
 
 
+def scoring_spec(cfg) -> ScoringSpec:
+    """The ScoringSpec of a run's config (reward, overlong shaping and advantage settings)."""
+    a = cfg.algorithm
+    return ScoringSpec(cfg.reward.mode, cfg.rollout.max_response_length, a.soft_overlong, a.overlong_cache_length,
+                       a.overlong_penalty_factor, a.overlong_filter, a.adv_eps, a.adv_std_unbiased)  # fmt: skip
+
+
 def score_group(row: dict, spec: ScoringSpec) -> dict:
     """Verify every response (Eq. 7), add soft overlong punishment (Eq. 13), mask truncated responses
     (overlong filtering), compute group advantages on the shaped reward (Eq. 9) and the keep flag on

@@ -9,6 +9,15 @@ import threading
 import time
 from collections import deque
 
+_on_screen: StatusLine | None = None  # the live status line, cleared around each printed line
+
+
+def log(msg: str) -> None:
+    """One timestamped line of the run's record on stdout, clear of the live status line."""
+    if _on_screen:
+        _on_screen.clear()
+    print(f"[dapo-ray {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
 
 def duration(seconds: float) -> str:
     """45s, 9m32s, 2h05m."""
@@ -45,9 +54,12 @@ class Pace:
 
 class StatusLine:
     """A one-line status redrawn in place once a second on a terminal (stderr), cleared around every
-    printed line; does nothing when stderr is not a terminal. `text()` gives the current line."""
+    line that `log` prints until `close()`; does nothing when stderr is not a terminal. `text()` gives the
+    current line."""
 
     def __init__(self, text, stream=None, interval_s: float = 1.0):
+        global _on_screen
+        _on_screen = self
         self.text, self.stream, self.interval_s = text, stream or sys.stderr, interval_s
         self.live = self.stream.isatty()
         self.lock = threading.Lock()
@@ -72,5 +84,8 @@ class StatusLine:
                 self.stream.flush()
 
     def close(self) -> None:
+        global _on_screen
+        if _on_screen is self:
+            _on_screen = None
         self.stopped.set()
         self.clear()

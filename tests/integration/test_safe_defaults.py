@@ -18,9 +18,9 @@ SCRIPT = """
 import json, sys
 import ray
 from dapo_ray.config import load_config
-from dapo_ray.driver import _init_ray
+from dapo_ray.ray_cluster import init_ray
 
-_init_ray(load_config("workflows/configs/tiny_cpu.yaml", ["cluster.num_cpus=1"]))
+init_ray(load_config("workflows/configs/tiny_cpu.yaml", ["cluster.num_cpus=1"]))
 node = ray._private.worker.global_worker.node
 ports = {"gcs": int(node.gcs_address.rsplit(":", 1)[1]), "metrics": node.metrics_export_port,
          "dashboard": int((node.address_info.get("webui_url") or ":0").rsplit(":", 1)[1])}

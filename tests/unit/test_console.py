@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from dapo_ray.progress import Pace, StatusLine, duration
+from dapo_ray.progress import Pace, StatusLine, duration, log
 from dapo_ray.rollout.worker_ext import RELOAD_LOGGER, RELOAD_WARNING, quiet_rotary_reload_warning
 
 
@@ -50,6 +50,19 @@ def test_the_status_line_is_drawn_only_on_a_terminal():
     assert tty.getvalue() == "\r\x1b[Kstep 3/10  ETA 1m00s\r\x1b[K"
 
 
+def test_a_logged_line_clears_the_status_line_while_it_is_on_screen(capsys):
+    tty = _Terminal()
+    line = StatusLine(lambda: "step 3/10", stream=tty, interval_s=60)
+    line.draw()
+    log("step 3/10  reward +0.5")
+    assert tty.getvalue() == "\r\x1b[Kstep 3/10\r\x1b[K"
+    line.close()
+    log("done")
+    assert tty.getvalue() == "\r\x1b[Kstep 3/10\r\x1b[K\r\x1b[K"  # close() cleared it once; log() no more
+    printed = capsys.readouterr().out.splitlines()
+    assert [p.split("] ", 1)[1] for p in printed] == ["step 3/10  reward +0.5", "done"]
+
+
 def test_only_the_rotary_reload_warning_is_dropped(caplog):
     quiet_rotary_reload_warning()
     quiet_rotary_reload_warning()  # idempotent
@@ -74,7 +87,7 @@ def test_the_filter_matches_what_vllm_logs():
 
 
 def test_the_dashboard_line_says_how_to_sign_in_when_token_authentication_is_on(monkeypatch):
-    from dapo_ray.driver import dashboard_line
+    from dapo_ray.ray_cluster import dashboard_line
 
     monkeypatch.setenv("RAY_AUTH_MODE", "token")  # what `ray.init` sets when it turns authentication on
     line = dashboard_line("127.0.0.1:8265")
