@@ -107,9 +107,15 @@ def evaluate(cfg: Config, rows: list[dict], app: str, concurrency: int) -> dict[
 
 def batch_metrics(batch: list[dict], generated: list[dict], version: int) -> dict[str, float]:
     """Reward, accuracy, length and solve-all statistics of the step (see metrics.py)."""
+    from dapo_ray.trainer.batch import token_versions
+
     lengths = [len(ids) for g in batch for ids in g["response_ids"]]
+    generated_lengths = [len(ids) for g in generated or batch for ids in g["response_ids"]]
     lps = [lp for g in batch for seq in g["rollout_logprobs"] for lp in seq]
     all_acc = [a for g in generated for a in g["acc"]]
+    segments = [v for g in batch for v in g.get("versions") or [[[0, g["policy_version"]]]] * len(g["response_ids"])]
+    token_lags = [version - v for seg, ids in zip(segments, (ids for g in batch for ids in g["response_ids"]), strict=True)
+                  for v in token_versions(seg, len(ids))]  # fmt: skip
     return {
         "critic/score/mean": statistics.fmean(s for g in batch for s in g["scores"]),
         "critic/acc/mean": statistics.fmean(a for g in batch for a in g["acc"]),
@@ -118,12 +124,21 @@ def batch_metrics(batch: list[dict], generated: list[dict], version: int) -> dic
         "rollout/solve_all_ratio": statistics.fmean(all(g["acc"]) for g in generated or batch),
         "rollout/solve_none_ratio": statistics.fmean(not any(g["acc"]) for g in generated or batch),
         "response_length/mean": statistics.fmean(lengths),
+        "response_length/p90": _p90(lengths),
+        "response_length/generated_mean": statistics.fmean(generated_lengths),
+        "response_length/generated_p90": _p90(generated_lengths),
         "response_length/clip_ratio": statistics.fmean(t for g in batch for t in g["truncated"]),
         "rollout/policy_version_lag": statistics.fmean(version - g["policy_version"] for g in batch),
         "rollout/policy_version_lag_max": max(version - g["policy_version"] for g in batch),
+        "rollout/token_lag_mean": statistics.fmean(token_lags) if token_lags else 0.0,
+        "rollout/interrupted_frac": statistics.fmean(len(seg) > 1 for seg in segments),
         "rollout/replicas_sampling": len({g.get("replica") for g in generated or batch}),
         "actor/mean_token_prob": statistics.fmean(math.exp(x) for x in lps) if lps else 0.0,
     }
+
+
+def _p90(values: list[int]) -> float:
+    return float(statistics.quantiles(values, n=10, method="inclusive")[-1]) if len(values) > 1 else float(values[0])
 
 
 class Stack:
@@ -200,6 +215,10 @@ class Stack:
         from dapo_ray.rollout.deployment import wait_synced
 
         return wait_synced(self.store, version, self.sync_timeout_s)
+
+    def load_s(self) -> float:
+        """How long the slowest replica's latest weight load took."""
+        return max(self._ray.get(self.store.load_times.remote()).values(), default=0.0)
 
     def finish(self, step: int) -> str:
         """Tell the workers to save the final model and stop; returns its path. Workers restarted meanwhile
@@ -306,8 +325,8 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
             # 4. Log the step.
             timing = {"timing/generate_s": b.generate_s, "timing/wait_batch_s": b.waited_s, "timing/shard_s": t2 - t1,
                       "timing/train_s": t3 - t2, "timing/sync_s": t4 - t3, "timing/probe_s": t5 - t4}  # fmt: skip
-            sync = {"weight_sync/wait_s": t4 - t3, "weight_sync/logprob_max_diff": probe_diff,
-                    "weight_sync/replicas": len(versions)}  # fmt: skip
+            sync = {"weight_sync/wait_s": t4 - t3, "weight_sync/load_s": stack.load_s(),
+                    "weight_sync/logprob_max_diff": probe_diff, "weight_sync/replicas": len(versions)}  # fmt: skip
             metrics = run.stepped(b, res, sync | timing, time.time() - t0, versions, engine_version)
             if run.too_many_skipped_updates(metrics):
                 break
@@ -593,6 +612,7 @@ def _print_step(step: int, total: int, m: dict, fill, eta: str, held_out: str) -
         f"clip+ {m['actor/clipfrac_high']:.3f} clip- {m['actor/clipfrac_low']:.3f}  "
         f"sync diff {m['weight_sync/logprob_max_diff']:.1e}  replicas {m['weight_sync/replicas']}  step {m['timing/step_s']:.2f}s = "
         + " ".join(f"{k.removeprefix('phase/').removesuffix('_s')} {m[k]:.2f}" for k in PHASES)
+        + f" (of sync: load {m.get('weight_sync/load_s', 0.0):.2f})"
         + (f"  | {held_out}" if held_out else ""))  # fmt: skip
 
 

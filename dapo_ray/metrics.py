@@ -17,8 +17,13 @@ METRICS: dict[str, str] = {
     "rollout/solve_none_ratio": "share of generated prompts whose responses were all wrong",
     "response_length/mean": "mean response length in tokens, batch responses",
     "response_length/clip_ratio": "share of batch responses truncated at max_response_length",
-    "rollout/policy_version_lag": "mean (current version - version that generated the response), batch responses",
+    "rollout/policy_version_lag": "mean (current version - version of the response's oldest token), batch responses",
     "rollout/policy_version_lag_max": "largest such lag in the batch (bounded by algorithm.max_policy_lag)",
+    "rollout/token_lag_mean": "mean (current version - version that sampled the token), batch response tokens",
+    "rollout/interrupted_frac": "share of batch responses a weight load interrupted (sampled by more than one version; rollout.partial_rollout)",
+    "response_length/generated_mean": "mean response length in tokens, every response generated this step (kept or not)",
+    "response_length/p90": "90th percentile of response length, batch responses",
+    "response_length/generated_p90": "90th percentile of response length, every response generated this step",
     "rollout/replicas_sampling": "rollout replicas that generated this step's groups (grows and shrinks with autoscaling)",
     # dynamic sampling
     "dynamic_sampling/rounds": "generation rounds this step",
@@ -59,6 +64,7 @@ METRICS: dict[str, str] = {
     "weight_sync/bytes": "bytes of the published weights",
     "weight_sync/publish_s": "seconds to gather the weights and put them in the object store (trainer)",
     "weight_sync/wait_s": "seconds until every replica served the new version",
+    "weight_sync/load_s": "seconds the slowest replica's latest load took (engine thread queueing included); the part of wait_s spent loading",
     "weight_sync/logprob_max_diff": "max |engine - trainer| log-prob of a fixed probe sequence after sync",
     "weight_sync/replicas": "replicas serving the new version",
     # timing

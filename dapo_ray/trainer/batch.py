@@ -28,23 +28,41 @@ class Sample(TypedDict):
     weight: float
     advantage: float
     rollout_logprobs: list[float]
-    policy_version: int
+    token_versions: list[int]
+    """The policy version that sampled each response token (a weight load may interrupt a response)."""
 
 
 def flatten_groups(groups: list[dict]) -> list[Sample]:
     """One Sample per response of every group (needs: prompt_ids, response_ids, loss_weights,
-    advantages, rollout_logprobs, policy_version)."""
+    advantages, rollout_logprobs, policy_version; and versions, where a load interrupted a response)."""
     out: list[Sample] = []
     for g in groups:
-        for ids, w, a, lp in zip(g["response_ids"], g["loss_weights"], g["advantages"], g["rollout_logprobs"], strict=True):
+        versions = g.get("versions") or [[[0, g["policy_version"]]]] * len(g["response_ids"])
+        for ids, w, a, lp, v in zip(g["response_ids"], g["loss_weights"], g["advantages"], g["rollout_logprobs"],
+                                    versions, strict=True):  # fmt: skip
             out.append({"input_ids": list(g["prompt_ids"]) + list(ids), "n_prompt": len(g["prompt_ids"]),
                         "weight": float(w) if ids else 0.0, "advantage": float(a), "rollout_logprobs": list(lp),
-                        "policy_version": int(g["policy_version"])})  # fmt: skip
+                        "token_versions": token_versions(v, len(ids))})  # fmt: skip
+    return out
+
+
+def token_versions(versions: list[list[int]], n_tokens: int) -> list[int]:
+    """The policy version of each of a response's `n_tokens` tokens, from its [[first token, version], ...]
+    segments (`rollout.engine.Completion.versions`).
+
+    >>> token_versions([[0, 3], [2, 4]], 5)
+    [3, 3, 4, 4, 4]
+    """
+    out: list[int] = []
+    for (start, version), nxt in zip(versions, [*versions[1:], [n_tokens, -1]], strict=True):
+        out += [version] * max(0, min(nxt[0], n_tokens) - start)
     return out
 
 
 DUMMY: Sample = {"input_ids": [0, 0], "n_prompt": 1, "weight": 0.0, "advantage": 0.0, "rollout_logprobs": [0.0],
-                 "policy_version": 0}  # fmt: skip
+                 "token_versions": [0]}  # fmt: skip
+NO_VERSION = 2**62
+"""`Micro.version_BT` of prompt and padding positions: never older than the trained version."""
 
 
 @dataclass
@@ -59,8 +77,8 @@ class Micro:
     adv_B: torch.Tensor
     rollout_BT: torch.Tensor
     """The engine's log-probs of the response tokens, aligned with the targets."""
-    version_B: torch.Tensor
-    """Policy version that generated each response."""
+    version_BT: torch.Tensor
+    """Policy version that sampled each target token (`NO_VERSION` on prompt and padding)."""
 
 
 def pad_micro(micro: list[Sample], pad_id: int) -> Micro:
@@ -70,6 +88,7 @@ def pad_micro(micro: list[Sample], pad_id: int) -> Micro:
     att = torch.zeros((B, width), dtype=torch.long)
     mask = torch.zeros((B, width - 1))
     roll = torch.zeros((B, width - 1))
+    version = torch.full((B, width - 1), NO_VERSION, dtype=torch.long)
     for i, s in enumerate(micro):
         n, p = len(s["input_ids"]), s["n_prompt"]
         ids[i, :n] = torch.tensor(s["input_ids"])
@@ -77,8 +96,9 @@ def pad_micro(micro: list[Sample], pad_id: int) -> Micro:
         mask[i, p - 1 : n - 1] = s["weight"]  # target t+1 is predicted at position t
         lp = s["rollout_logprobs"][: n - p]
         roll[i, p - 1 : p - 1 + len(lp)] = torch.tensor(lp)
+        tv = s["token_versions"][: n - p]
+        version[i, p - 1 : p - 1 + len(tv)] = torch.tensor(tv, dtype=torch.long)
     adv = torch.tensor([s["advantage"] for s in micro])
-    version = torch.tensor([s["policy_version"] for s in micro])
     return Micro(ids, att, mask, adv, roll, version)
 
 

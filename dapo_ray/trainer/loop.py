@@ -145,12 +145,12 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
     # fresh tokens, up-clipped tokens and the sum of their old probabilities, SUM_KEYS sums
     totals = torch.zeros(6 + len(SUM_KEYS), dtype=torch.float64)
 
-    # 1. Behaviour log-probs (and reference log-probs for the KL term), before any update. A response an
-    # older policy generated takes the engine's log-probs (`behaviour_logprobs`), so the trainer's own are
-    # needed only for responses of the current version. When no rank holds one and there is no KL term
+    # 1. Behaviour log-probs (and reference log-probs for the KL term), before any update. A token an
+    # older policy sampled takes the engine's log-prob (`behaviour_logprobs`), so the trainer's own are
+    # needed only for tokens of the current version. When no rank holds one and there is no KL term
     # (the steady state while generation overlaps training), the forward pass is skipped. Every rank
     # decides alike: under ZeRO-3 a forward is a collective.
-    fresh_here = any(s["weight"] > 0 and s["policy_version"] >= version
+    fresh_here = any(s["weight"] > 0 and max(s["token_versions"], default=-1) >= version
                      for mini in shard for micro in mini["micro"] for s in micro)  # fmt: skip
     any_fresh = collective.all_reduce(torch.tensor([float(fresh_here)]), device, op="max")
     recompute = ref is not None or bool(any_fresh.item())
@@ -161,14 +161,14 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
             micros = []
             for samples in mini["micro"]:
                 m = pad_micro(samples, PAD_ID)
-                off_policy_B = m.version_B < version
-                fresh = (m.mask_BT > 0).double() * (~off_policy_B).double().unsqueeze(-1)
+                off_policy_BT = m.version_BT < version
+                fresh = (m.mask_BT > 0).double() * (~off_policy_BT).double()
                 totals[3] += fresh.sum()
                 old, ref_logp = m.rollout_BT, None
                 if recompute:
                     ids, att = m.ids_BL.to(device), m.att_BL.to(device)
                     logp = engine(ids, att, temperature)[0].float().cpu()
-                    old = behaviour_logprobs(logp, m.rollout_BT, off_policy_B)
+                    old = behaviour_logprobs(logp, m.rollout_BT, off_policy_BT)
                     totals[2] += ((logp - m.rollout_BT).abs() * fresh).sum()
                     if ref is not None:
                         ref_logp = ref(ids, att, temperature)[0].float().cpu()

@@ -140,7 +140,7 @@ def test_concurrent_calls_share_the_batch_and_keep_their_own_prompts(engines, ti
         first = engine.submit(prompts[:4], **greedy)
         time.sleep(0.05)  # the first call is running when the others arrive
         before = engine.version
-        load = engine.submit_load("unused", before + 1, before + 1)
+        load = engine.submit_load("unused", before + 1, before + 1, interrupt=False)
         later = [engine.submit([p], **greedy) for p in prompts[4:]]
         threaded = []
         t = threading.Thread(target=lambda: threaded.append(engine.generate(prompts[:2], **greedy)))

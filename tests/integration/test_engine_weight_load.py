@@ -150,3 +150,44 @@ def test_a_dropped_publish_loads_nothing_and_the_latest_loads(engine, store, bas
     assert engine.version == 4
     assert gap(engine_logprobs(engine, probes), trainer_logprobs(tiny_model_dir, states[4], probes)) < 1e-4
 
+
+
+def test_a_load_interrupts_the_responses_in_flight(engine, store, base_state, probes, tiny_model_dir):
+    """Partial rollout: a load queued while responses are being sampled runs between two decoding steps.
+    Every response goes on under the new weights and says where they took over; each token's log-prob is
+    that of the version that sampled it (the first part the old weights', the rest the new ones'), so the
+    preempted requests were recomputed on the new weights, not continued on stale KV blocks."""
+    from vllm import SamplingParams
+
+    from dapo_ray.rollout.engine import _Call
+
+    name, actor = store
+    trainer = Trainer.remote()
+    old, new = perturbed(base_state, seed=10), perturbed(base_state, seed=11)
+    engine.load_weights(name, 10, publish(actor, trainer, 10, old))
+    serial = publish(actor, trainer, 11, new)
+    prompts, length = probes[:2], 160
+    # ignore_eos: every response runs to `length` tokens, so all of them are in flight at the load.
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=length, logprobs=0, ignore_eos=True)
+    call = engine._queue(_Call(prompts, params))
+    states = engine.llm.llm_engine.output_processor.request_states
+    deadline = time.time() + 60
+    while min((len(s.detokenizer.output_token_ids) for s in list(states.values())), default=0) < 20:
+        assert time.time() < deadline and not call.done()
+        time.sleep(0.005)
+    engine.load_weights(name, 11, serial, interrupt=True)
+    version, outs = call.result(120)
+    assert version == 10 and engine.version == 11
+    for prompt, group in zip(prompts, outs, strict=True):
+        for c in group:
+            assert len(c["response_ids"]) == length
+            (first, v0), (switch, v1) = c["versions"]
+            assert (first, v0, v1) == (0, 10, 11) and 20 <= switch < length, c["versions"]
+            ids = prompt + c["response_ids"]
+            before = trainer_logprobs(tiny_model_dir, old, [ids])[-length:]
+            after = trainer_logprobs(tiny_model_dir, new, [ids])[-length:]
+            print(f"switch at token {switch}: old part off by {gap(c['logprobs'][:switch], before[:switch]):.1e}, "
+                  f"new part by {gap(c['logprobs'][switch:], after[switch:]):.1e}")
+            assert gap(c["logprobs"][:switch], before[:switch]) < 1e-3
+            assert gap(c["logprobs"][switch:], after[switch:]) < 1e-3
+            assert gap(c["logprobs"][switch:], before[switch:]) > 1e-2  # the two versions do differ there

@@ -43,7 +43,7 @@ def samples(n: int, current_version: int, seed: int = 0) -> list[dict]:
         out.append({"input_ids": prompt + response, "n_prompt": len(prompt), "weight": 1.0,
                     "advantage": rng.choice([-1.0, 1.0]) * rng.random(),
                     "rollout_logprobs": [-4.5 + 0.1 * rng.random() for _ in response],
-                    "policy_version": current_version - (i % 4 == 0)})  # fmt: skip
+                    "token_versions": [current_version - (i % 4 == 0)] * len(response)})  # fmt: skip
     return out
 
 
@@ -109,7 +109,7 @@ def test_epochs_kl_and_grad_norm_under_every_zero_stage(random_model, ray_cluste
         assert m["ref_loaded"] == 1.0 and m["actor/kl_loss"] > 0.0  # the policy moved away from the reference
         assert m["actor/grad_norm"] > 0.0, stage  # DeepSpeed reports none under stage 0: computed
         assert m["actor/off_policy_token_frac"] == pytest.approx(
-            sum(len(s["input_ids"]) - s["n_prompt"] for s in samples(32, 5) if s["policy_version"] < 5)
+            sum(len(s["input_ids"]) - s["n_prompt"] for s in samples(32, 5) if s["token_versions"][0] < 5)
             / sum(len(s["input_ids"]) - s["n_prompt"] for s in samples(32, 5)))
     # The same batch and seed: the same gradients whatever the stage.
     assert by_stage[0]["actor/grad_norm"] == pytest.approx(by_stage[1]["actor/grad_norm"], rel=1e-4)
@@ -128,7 +128,7 @@ def test_all_off_policy_skips_the_old_logprob_pass_and_updates_alike(random_mode
     version the trainer skips its own pass (the steady state when generation overlaps training). The
     update must be the one the pass would give: a reference model forces the pass, with an `mse` KL term,
     whose gradient is zero at the one update here (policy = reference)."""
-    stale = [s | {"policy_version": 4} for s in samples(32, current_version=5)]
+    stale = [s | {"token_versions": [4] * len(s["rollout_logprobs"])} for s in samples(32, current_version=5)]
     one_update = ["trainer.zero_stage=1", "trainer.ppo_epochs=1", "trainer.mini_batch_size=32"]
     skipped = run_step(random_model, tmp_path, one_update, stale)
     recomputed = run_step(random_model, tmp_path, [*one_update, "algorithm.kl_coef=0.5", "algorithm.kl_estimator=mse"], stale)
@@ -182,7 +182,7 @@ def test_a_token_budget_gives_the_same_update(random_model, ray_cluster, tmp_pat
 
 def _whole_batch_grad_norm(model_dir, cfg, batch: list[dict], version: int) -> float:
     """The norm of the gradient of the DAPO loss of the whole batch as one tensor, in this process without
-    DeepSpeed: the behaviour log-probs are the model's for responses of `version`, the engine's for older."""
+    DeepSpeed: the behaviour log-probs are the model's for tokens of `version`, the engine's for older."""
     from transformers import AutoModelForCausalLM
 
     from dapo_ray.algo import behaviour_logprobs, dapo_policy_loss
@@ -193,7 +193,7 @@ def _whole_batch_grad_norm(model_dir, cfg, batch: list[dict], version: int) -> f
     policy = PolicyLM(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32))
     m = pad_micro(batch, 0)
     with torch.no_grad():
-        old = behaviour_logprobs(policy(m.ids_BL, m.att_BL, temperature)[0], m.rollout_BT, m.version_B < version)
+        old = behaviour_logprobs(policy(m.ids_BL, m.att_BL, temperature)[0], m.rollout_BT, m.version_BT < version)
     logp, _ = policy(m.ids_BL, m.att_BL, temperature)
     tokens = sum(len(s["input_ids"]) - s["n_prompt"] for s in batch)
     loss, _ = dapo_policy_loss(logp, old, m.adv_B, m.mask_BT, eps_low=a.eps_low, eps_high=a.eps_high,

@@ -110,7 +110,7 @@ def test_train_step_in_bf16(gloo_group, model_dir, stage, budget):
                                  "rollout.max_response_length=24", "algorithm.overlong_cache_length=8"])  # fmt: skip
     rng = random.Random(0)
     batch = [{"input_ids": [rng.randrange(1, 97) for _ in range(rng.randrange(5, 20))], "n_prompt": 3, "weight": 1.0,
-              "advantage": rng.uniform(-1, 1), "rollout_logprobs": [-4.0] * 20, "policy_version": 0}
+              "advantage": rng.uniform(-1, 1), "rollout_logprobs": [-4.0] * 20, "token_versions": [0] * 20}
              for _ in range(32)]  # fmt: skip
     torch.manual_seed(0)
     engine, ref = build_engines(cfg, world=1)

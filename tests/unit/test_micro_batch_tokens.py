@@ -18,7 +18,7 @@ def _samples(n: int, seed: int = 0, longest: int = 60) -> list[dict]:
         prompt, response = rng.randrange(2, 8), rng.choice([1, 2, 3, 5, 8, 20, longest])
         out.append({"input_ids": [rng.randrange(1, 50) for _ in range(prompt + response)], "n_prompt": prompt,
                     "weight": 0.0 if i % 7 == 3 else 1.0, "advantage": rng.uniform(-1, 1),
-                    "rollout_logprobs": [-rng.random() for _ in range(response)], "policy_version": 0})  # fmt: skip
+                    "rollout_logprobs": [-rng.random() for _ in range(response)], "token_versions": [0] * response})  # fmt: skip
     return out
 
 
@@ -55,7 +55,7 @@ def test_shards_packed_to_a_budget(world, mini, budget, cap):
 
 def test_ranks_share_by_length_and_pad_with_dummies():
     long, short = {"input_ids": [1] * 100, "n_prompt": 1}, {"input_ids": [1] * 10, "n_prompt": 1}
-    base = {"weight": 1.0, "advantage": 1.0, "rollout_logprobs": [], "policy_version": 0}
+    base = {"weight": 1.0, "advantage": 1.0, "rollout_logprobs": [], "token_versions": []}
     batch = [base | long] * 2 + [base | short] * 6
     shards = build_shards(batch, 2, 8, 8, seed=0, micro_batch_tokens=100)
     # Longest first, each to the lighter rank: one long response each, then the short ones alternate

@@ -7,7 +7,7 @@ from dapo_ray.algo import BatchFiller, behaviour_logprobs, dapo_policy_loss
 from dapo_ray.driver import PromptCursor
 from dapo_ray.metrics import METRICS
 from dapo_ray.pipeline import ScoringSpec, score_group
-from dapo_ray.trainer.batch import DUMMY, build_shards, flatten_groups, pad_micro
+from dapo_ray.trainer.batch import DUMMY, NO_VERSION, build_shards, flatten_groups, pad_micro, token_versions
 from dapo_ray.trainer.loop import SUM_KEYS
 
 SPEC = ScoringSpec("dapo", max_response_length=20, soft_overlong=True, overlong_cache_length=4,
@@ -80,11 +80,12 @@ def test_sharded_loss_sums_to_the_whole_batch_loss():
 
 def test_pad_aligns_targets_and_masks():
     s = {"input_ids": [1, 2, 3, 4, 5], "n_prompt": 3, "weight": 1.0, "advantage": 2.0, "rollout_logprobs": [-0.1, -0.2],
-         "policy_version": 4}  # fmt: skip
+         "token_versions": [4, 5]}  # fmt: skip
     m = pad_micro([s, DUMMY], 0)
     # positions 2 and 3 predict tokens 4 and 5 (the response)
     assert m.mask_BT[0].tolist() == [0, 0, 1, 1] and m.rollout_BT[0].tolist() == pytest.approx([0, 0, -0.1, -0.2])
-    assert m.mask_BT[1].sum() == 0 and m.adv_B.tolist() == [2.0, 0.0] and m.version_B.tolist() == [4, 0]
+    assert m.mask_BT[1].sum() == 0 and m.adv_B.tolist() == [2.0, 0.0]
+    assert m.version_BT[0].tolist() == [NO_VERSION, NO_VERSION, 4, 5] and m.version_BT[1].tolist()[0] == 0
 
 
 def test_prompt_cursor_epochs_and_state():
@@ -119,8 +120,28 @@ def test_carried_groups_train_against_the_engine_logprobs():
     shards = build_shards(flatten_groups(batch), world_size=1, mini_batch_size=4, micro_batch_size=4, seed=0)
     m = pad_micro(shards[0][0]["micro"][0], 0)
     recomputed = torch.full(m.rollout_BT.shape, -9.0)
-    old = behaviour_logprobs(recomputed, m.rollout_BT, m.version_B < 4)
-    for i, v in enumerate(m.version_B.tolist()):
+    old = behaviour_logprobs(recomputed, m.rollout_BT, m.version_BT < 4)
+    versions = [min(row) for row in m.version_BT.tolist()]  # one version per response here
+    for i, v in enumerate(versions):
+        response = m.version_BT[i] != NO_VERSION
         expected = m.rollout_BT[i] if v < 4 else recomputed[i]
-        assert torch.equal(old[i], expected)
-    assert sorted(m.version_B.tolist()) == [3, 3, 4, 4]
+        assert torch.equal(old[i][response], expected[response])
+    assert sorted(versions) == [3, 3, 4, 4]
+
+
+def test_an_interrupted_response_takes_each_tokens_own_denominator():
+    """A weight load interrupted the second response after 2 tokens (partial rollout): its first tokens
+    were sampled by version 3 and take the engine's log-probs, the rest by version 4 (the one trained
+    from) and take the recomputed ones. The group's version is its oldest token's."""
+    g = score_group(group(["Answer: 12", "Answer: 7"], [3, 4], ["stop", "stop"], version=3), SPEC)
+    g["versions"] = [[[0, 4]], [[0, 3], [2, 4]]]
+    (a, b) = flatten_groups([g])
+    assert a["token_versions"] == [4, 4, 4] and b["token_versions"] == [3, 3, 4, 4]
+    assert token_versions([[0, 3], [2, 4], [2, 5]], 3) == [3, 3, 5]  # a load with no token since the last
+    m = pad_micro([a, b], 0)
+    recomputed = torch.full(m.rollout_BT.shape, -9.0)
+    old = behaviour_logprobs(recomputed, m.rollout_BT, m.version_BT < 4)
+    n = len(g["prompt_ids"])
+    assert old[1, n - 1 : n + 1].tolist() == m.rollout_BT[1, n - 1 : n + 1].tolist()  # version 3: the engine's
+    assert old[1, n + 1 : n + 3].tolist() == [-9.0, -9.0]  # version 4: recomputed
+    assert old[0, n - 1 : n + 2].tolist() == [-9.0] * 3

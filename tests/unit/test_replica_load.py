@@ -35,7 +35,7 @@ class Engine:
     def __init__(self, dropped: set[int]) -> None:
         self.version, self.dropped, self.loads = 1, dropped, []
 
-    def submit_load(self, store_name: str, version: int, serial: int) -> Future:
+    def submit_load(self, store_name: str, version: int, serial: int, interrupt: bool = True) -> Future:
         self.loads.append((store_name, version, serial))
         done: Future = Future()
         if serial in self.dropped:
@@ -55,6 +55,7 @@ def replica(engine: Engine, store: Store, serial: int) -> RolloutServer:
     server = RolloutServer.func_or_class.__new__(RolloutServer.func_or_class)
     server.engine, server.store, server.store_name, server.serial = engine, store, "weights", serial
     server.replica_id, server.metrics, server.load_lock = "replica-a", Metrics(), asyncio.Lock()
+    server.partial_rollout, server.load_s = True, 0.0
     return server
 
 
@@ -63,11 +64,11 @@ def test_a_dropped_publish_gives_way_to_the_latest():
     server = replica(engine, store, serial=1)
     assert asyncio.run(server._load((2, ["ref of 2"], 2))) == 4
     assert engine.loads == [("weights", 2, 2), ("weights", 4, 4)]
-    assert server.serial == 4 and store.acks == [("replica-a", 4, 4)]
+    assert server.serial == 4 and [a[:3] for a in store.acks] == [("replica-a", 4, 4)]
 
 
 def test_a_publish_already_served_loads_nothing():
     engine, store = Engine(dropped=set()), Store(latest=(1, ["ref of 1"], 1))
     server = replica(engine, store, serial=1)
     assert asyncio.run(server._load((1, ["ref of 1"], 1))) == 1
-    assert engine.loads == [] and store.acks == [("replica-a", 1, 1)]
+    assert engine.loads == [] and store.acks == [("replica-a", 1, 1, 0.0)]
