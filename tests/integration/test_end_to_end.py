@@ -68,6 +68,9 @@ def test_three_steps_on_the_real_stack(tiny_model_dir, ray_cluster, tmp_path):
         assert m["actor/updates"] >= 1 and m["weight_sync/bytes"] > 0
         # max_policy_lag 1 (the demo config's): the batch was generated while the previous step trained.
         assert m["rollout/policy_version_lag_max"] <= 1
+        # Partial rollout: a token's lag is at most its group's (the oldest token's), and the load was timed.
+        assert 0.0 <= m["rollout/token_lag_mean"] <= m["rollout/policy_version_lag_max"]
+        assert 0.0 <= m["rollout/interrupted_frac"] <= 1.0 and m["weight_sync/load_s"] > 0.0
         assert sum(m[k] for k in PHASES) == pytest.approx(m["timing/step_s"]) and m["phase/other_s"] > -1e-6
     assert_ledger_balances(summary)
     assert summary["eval_after"]["eval/avg_at_k"] >= 0.0
