@@ -123,7 +123,9 @@ class RolloutConfig:
     """Most replicas autoscaling may start (= min_replicas: fixed size)."""
     target_ongoing_requests: float = 2.0
     """Autoscaling: Serve adds replicas while the average generate calls in flight per replica exceed
-    this (the driver keeps 2 calls per possible replica in flight during a round)."""
+    this (the driver keeps 2 calls per possible replica in flight during a round; the stream, one call per
+    group in flight, so with it set this to the groups a replica should hold, e.g. gen_batch_size /
+    max_replicas)."""
     upscale_delay_s: float = 30.0
     """Autoscaling: how long the load must stay high before a replica is added."""
     downscale_delay_s: float = 120.0
@@ -146,6 +148,13 @@ class RolloutConfig:
     """KV-cache size of the CPU engine, GiB (VLLM_CPU_KVCACHE_SPACE)."""
     enforce_eager: bool = False
     """Disable CUDA graphs / compilation (set true on CPU)."""
+    stream: bool = True
+    """With generation overlapped (algorithm.max_policy_lag >= 1), fill batches from one long-lived stream
+    of single groups instead of generation rounds: prompts stay in flight as the missing kept groups
+    need, each group is scored the moment its own responses end, the batch is cut when full, and groups
+    in flight then go on into the next batch (`dapo_ray.stream`). With max_policy_lag 0 generation runs in
+    rounds either way (nothing may be in flight across an update). Each group is a call of its own, so
+    autoscaling's target_ongoing_requests then counts groups."""
     partial_rollout: bool = True
     """A weight load interrupts the responses in flight, which go on under the new weights (each token
     keeps the version and log-prob it was sampled with; `algorithm.max_policy_lag` bounds a group by its

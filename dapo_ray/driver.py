@@ -52,6 +52,19 @@ class PromptCursor:
         if self.shuffle:
             random.Random(self.seed + self.epoch).shuffle(self.order)
 
+    def rows_at(self, draws: list[str]) -> list[dict]:
+        """The rows of earlier draws ("epoch:index"), as `take` gave them."""
+        orders: dict[int, list[int]] = {}
+        out = []
+        for draw in draws:
+            epoch, index = map(int, draw.split(":"))
+            if epoch not in orders:
+                orders[epoch] = list(range(len(self.rows)))
+                if self.shuffle:
+                    random.Random(self.seed + epoch).shuffle(orders[epoch])
+            out.append(self.rows[orders[epoch][index]] | {"draw": draw})
+        return out
+
     def take(self, k: int) -> list[dict]:
         out = []
         while len(out) < k:
@@ -401,7 +414,8 @@ class _Run:
     # --- where the run stands, and going back to a checkpoint ---------------------------------------------
 
     def _state(self) -> dict:
-        return {"cursor": self.cursor.state_dict(), "filler": self.filler.state_dict(), "totals": self.totals}
+        return {"cursor": self.cursor.state_dict(), "filler": self.filler.state_dict(), "totals": self.totals,
+                "in_flight": []}  # fmt: skip
 
     def save_state(self, b) -> dict:
         """What a checkpoint of this step carries for the driver: the producer's state and the totals."""
@@ -415,6 +429,7 @@ class _Run:
         self.cursor.load_state_dict(state["cursor"])
         self.filler.load_state_dict(state["filler"])
         self.totals = state["totals"]
+        self.replay = state.get("in_flight", [])  # prompts in the stream at the checkpoint
         self.stack.sync(ready["step"])
         return ready["step"]
 
@@ -443,8 +458,12 @@ class _Run:
                               max_concurrency=self.concurrency)  # fmt: skip
 
     def _new_producer(self) -> Producer:
-        return Producer(self.cursor, self.filler, self._rollout, self.cfg.trainer.gen_batch_size,
-                        overlap=self.cfg.algorithm.max_policy_lag >= 1)  # fmt: skip
+        from dapo_ray.stream import Stream
+
+        overlap = self.cfg.algorithm.max_policy_lag >= 1
+        stream = Stream(self.stack.app, self.sampling, self.scoring) if overlap and self.cfg.rollout.stream else None
+        return Producer(self.cursor, self.filler, self._rollout, self.cfg.trainer.gen_batch_size, overlap=overlap,
+                        stream=stream, replay=self.replay)  # fmt: skip
 
     def start_training(self) -> None:
         """The producer, the training clock, the pace and the live status line."""

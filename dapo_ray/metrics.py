@@ -35,13 +35,14 @@ METRICS: dict[str, str] = {
     "dynamic_sampling/stale_dropped": "groups dropped this step as older than algorithm.max_policy_lag",
     "dynamic_sampling/filtered": "generated groups the keep rule rejected this step (all right or all wrong)",
     "dynamic_sampling/surplus_dropped": "kept groups beyond the batch thrown away this step (carry_over off)",
-    # prompt ledger (cumulative over the run: taken = trained + filtered + stale + surplus + carried)
+    # prompt ledger (cumulative over the run: taken = trained + filtered + stale + surplus + carried + in flight)
     "ledger/taken": "prompts taken from the data cursor so far",
     "ledger/trained": "of them, trained on",
     "ledger/filtered": "of them, filtered out by the keep rule",
     "ledger/stale_dropped": "of them, dropped as older than algorithm.max_policy_lag",
     "ledger/surplus_dropped": "of them, dropped as surplus (carry_over off)",
     "ledger/carried": "of them, kept and waiting for a later step",
+    "ledger/in_flight": "of them, in the rollout stream at the batch's cut (sent, or back and not yet in a batch; rollout.stream)",
     "dynamic_sampling/partial": "1 if the cap was hit and the step trained on a partial batch",
     # actor
     "actor/entropy": "mean entropy of the policy over response tokens, in the first update pass (each mini-batch at the weights it is updated from, as verl)",

@@ -56,17 +56,21 @@ def generate_batch(batch: pa.Table, app_name: str, spec: SamplingSpec) -> pa.Tab
         _handles[app_name], [r["prompt_ids"] for r in rows], spec.n, spec.temperature, spec.top_p, spec.max_tokens,
         seeds,
     )  # fmt: skip
-    for row, group in zip(rows, outs, strict=True):
-        row["texts"] = [c["text"] for c in group]
-        row["response_ids"] = [c["response_ids"] for c in group]
-        row["rollout_logprobs"] = [c["logprobs"] for c in group]
-        row["finish_reasons"] = [c["finish_reason"] for c in group]
-        # Which version sampled which tokens (a weight load may interrupt a response: partial rollout); the
-        # group's version is its oldest token's, which max_policy_lag bounds.
-        row["versions"] = [c["versions"] for c in group]
-        row["policy_version"] = min((v[0][1] for v in row["versions"]), default=version)
-        row["replica"] = replica
-    return pa.Table.from_pylist(rows)
+    return pa.Table.from_pylist([add_completions(row, group, version, replica) for row, group in zip(rows, outs, strict=True)])
+
+
+def add_completions(row: dict, group: list, version: int, replica: str) -> dict:
+    """A prompt's row with its G completions (`rollout.engine.Completion`) as columns."""
+    row["texts"] = [c["text"] for c in group]
+    row["response_ids"] = [c["response_ids"] for c in group]
+    row["rollout_logprobs"] = [c["logprobs"] for c in group]
+    row["finish_reasons"] = [c["finish_reason"] for c in group]
+    # Which version sampled which tokens (a weight load may interrupt a response: partial rollout); the
+    # group's version is its oldest token's, which max_policy_lag bounds.
+    row["versions"] = [c["versions"] for c in group]
+    row["policy_version"] = min((v[0][1] for v in row["versions"]), default=version)
+    row["replica"] = replica
+    return row
 
 
 def _call_replica(handle, *args, attempts: int = 4):

@@ -9,11 +9,16 @@ engine's log-probs as the ratio's denominator for samples of an older version. W
 (max_policy_lag = 0) a batch is generated only when asked for, after the new weights are served:
 strictly on-policy, as in the paper.
 
+With overlap and a `Stream` (rollout.stream, the default) there are no rounds: prompts stay in flight
+as the missing kept groups need, each group reaches the filter when its own responses end, and the batch
+is cut the moment it is full; groups in flight at the cut go on into the next batch (`dapo_ray.stream`).
+
 Every prompt taken from the data cursor is accounted for (`Ledger`): trained, filtered out by the keep
-rule, carried to the next step, or dropped (older than the lag bound, or surplus with carry-over off) —
-never lost and never used twice. A batch comes with the producer's state at its boundary (cursor and
-carried groups, before any prefetch), which is what a checkpoint saves: prompts of a prefetch in flight
-are generated again after a resume, and were never trained.
+rule, carried to the next step, dropped (older than the lag bound, or surplus with carry-over off), or
+in flight in the stream — never lost and never used twice. A batch comes with the producer's state at
+its boundary (cursor, carried groups and the stream's prompts in flight, before any prefetch), which is
+what a checkpoint saves: prompts in flight or of a prefetch are generated again after a resume (those in
+flight first), and were never trained.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field
 
 from dapo_ray.algo import BatchFiller
 from dapo_ray.algo.dynamic_sampling import FillReport
+from dapo_ray.stream import Stream, wait_any
 
 
 def draw_order(group: dict) -> tuple[int, int]:
@@ -43,6 +49,7 @@ class Ledger:
     stale_dropped: int = 0
     surplus_dropped: int = 0
     carried: int = 0  # kept groups waiting for a later step right now
+    in_flight: int = 0  # prompts in the stream right now (sent, or back and not yet added to a batch)
 
     def record(self, fill: FillReport) -> None:
         self.trained += fill.batch_groups
@@ -52,7 +59,7 @@ class Ledger:
         self.carried = fill.carried_out
 
     def check(self) -> None:
-        used = self.trained + self.filtered + self.stale_dropped + self.surplus_dropped + self.carried
+        used = self.trained + self.filtered + self.stale_dropped + self.surplus_dropped + self.carried + self.in_flight
         if used != self.taken:
             raise AssertionError(f"prompt ledger does not balance: {self.taken} taken, {used} accounted for: {self}")
 
@@ -64,7 +71,7 @@ class Batch:
     generated: list[dict]
     """Every group generated for this batch (kept or not), for the step's rollout statistics."""
     state: dict
-    """Cursor and filler state at this batch's boundary: what a checkpoint saves."""
+    """Cursor, filler and in-flight state at this batch's boundary: what a checkpoint saves."""
     generate_s: float
     """Wall time of filling it (rollout, scoring, filtering); overlapped with training when prefetched."""
     waited_s: float = 0.0
@@ -75,10 +82,15 @@ class Batch:
 
 class Producer:
     def __init__(self, cursor, filler: BatchFiller, generate: Callable[[list[dict]], list[dict]],
-                 gen_batch_size: int, overlap: bool) -> None:  # fmt: skip
-        """`generate(prompts) -> scored groups` runs one round (see `pipeline.generate_round`)."""
+                 gen_batch_size: int, overlap: bool, stream: Stream | None = None,
+                 replay: list[str] = ()) -> None:  # fmt: skip
+        """`generate(prompts) -> scored groups` runs one round (see `pipeline.generate_round`); with a
+        `stream` (and overlap) groups come from it instead. `replay`: cursor draws that were in flight
+        when the checkpoint was saved, generated again before the cursor's next prompts."""
         self.cursor, self.filler, self.generate = cursor, filler, generate
         self.gen_batch_size, self.overlap = gen_batch_size, overlap
+        self.stream = stream if overlap else None
+        self._replay = cursor.rows_at(list(replay)) if replay else []
         self.ledger = Ledger(carried=len(filler.state_dict()["kept"]))
         self.ledger.taken = self.ledger.carried  # carried groups restored from a checkpoint were taken before
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-producer") if overlap else None
@@ -103,30 +115,63 @@ class Producer:
 
     def close(self) -> None:
         """Stop; a prefetch in flight is waited for and discarded (a run that stops early resumes from
-        the last taken batch's state, so its prompts are generated again)."""
+        the last taken batch's state, so its prompts are generated again), and the stream stops."""
+        if self.stream is not None:
+            self.stream.close()  # a prefetch waiting on it fails at once
         if self._next is not None:
             self._next[1].exception()
             self._next = None
         if self._pool is not None:
             self._pool.shutdown(wait=True)
 
+    def _draw(self, k: int) -> list[dict]:
+        """`k` prompts: those to replay first, then the cursor's next."""
+        rows, self._replay = self._replay[:k], self._replay[k:]
+        rows += self.cursor.take(k - len(rows))
+        self.ledger.taken += len(rows)
+        return rows
+
     def _fill(self, step: int) -> Batch:
+        if self.stream is not None:
+            return self._fill_from_stream(step)
         t0 = time.time()
         filler = self.filler
         filler.start_step(version=step)
         generated: list[dict] = []
         while filler.needs_more():
-            prompts = self.cursor.take(filler.prompts_for_next_round(self.gen_batch_size))
-            self.ledger.taken += len(prompts)
+            prompts = self._draw(filler.prompts_for_next_round(self.gen_batch_size))
             # The round's groups in the order they were drawn, not the order they finished: which kept groups
             # fill the batch is then the data's choice, not timing's (finishing first favours short answers),
             # and a resumed run cuts its batch where the uninterrupted one did.
             groups = sorted(self.generate(prompts), key=draw_order)
             generated += groups
             filler.add(groups, keep=[g["keep"] for g in groups], versions=[g["policy_version"] for g in groups])
+        return self._cut(filler, generated, t0)
+
+    def _fill_from_stream(self, step: int) -> Batch:
+        """The batch of `step` from the stream: enough prompts in flight for the kept groups still missing
+        (`prompts_for_next_round`, counting those already in flight), each group added as it comes back,
+        cut when full or when `max_rounds` x gen_batch_size groups came back for this step."""
+        t0 = time.time()
+        filler, stream, G = self.filler, self.stream, self.gen_batch_size
+        filler.start_step(version=step)
+        generated: list[dict] = []
+        while filler.missing > 0 and len(generated) < filler.max_rounds * G:
+            want = filler.prompts_for_next_round(G) - len(stream.in_flight)
+            if want > 0:
+                stream.admit(self._draw(want))
+            g = wait_any(stream)
+            filler.add([g], keep=[g["keep"]], versions=[g["policy_version"]], new_round=len(generated) % G == 0)
+            generated.append(g)
+        return self._cut(filler, generated, t0)
+
+    def _cut(self, filler: BatchFiller, generated: list[dict], t0: float) -> Batch:
         groups, fill = filler.finish()
         self.ledger.record(fill)
+        in_flight = sorted(self.stream.in_flight, key=lambda d: tuple(map(int, d.split(":")))) if self.stream else []
+        self.ledger.in_flight = len(in_flight)  # prompts still to replay are not taken yet
         self.ledger.check()
         draws = {"trained": [g["draw"] for g in groups], "filtered": [g["draw"] for g in generated if not g["keep"]]}
-        state = {"cursor": self.cursor.state_dict(), "filler": filler.state_dict()}
+        state = {"cursor": self.cursor.state_dict(), "filler": filler.state_dict(),
+                 "in_flight": in_flight + [r["draw"] for r in self._replay]}  # fmt: skip
         return Batch(groups, fill, generated, state, time.time() - t0, draws=draws)

@@ -34,7 +34,8 @@ from dapo_ray.weights import Superseded, get_store
 APP_NAME = "dapo-rollout"
 
 
-@serve.deployment(name="rollout", max_ongoing_requests=8,
+# Up to gen_batch_size calls in flight at once: the stream sends one call per group (`dapo_ray.stream`).
+@serve.deployment(name="rollout", max_ongoing_requests=4096,
                   logging_config={"log_level": "WARNING", "enable_access_log": False})  # fmt: skip
 class RolloutServer:
     """One vLLM engine. Concurrent calls share its running batch (`Engine.submit`); a weight load
@@ -125,6 +126,10 @@ class RolloutServer:
         """This replica's actor name, policy version and generate calls in flight."""
         return {"actor": ray.get_runtime_context().get_actor_name(), "version": self.engine.version,
                 "in_flight": self.in_flight}  # fmt: skip
+
+    async def trace(self, since: float = 0.0) -> list[tuple[float, int]]:
+        """(wall time, sequences in the engine's running batch) of each decoding step after `since`."""
+        return [(t, n) for t, n in list(self.engine.trace) if t > since]
 
     async def sequence_logprobs(self, token_ids: list[int]) -> tuple[int, list[float]]:
         await self._load(await self.store.latest.remote())

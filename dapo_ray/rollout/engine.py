@@ -54,6 +54,7 @@ from __future__ import annotations
 import collections
 import os
 import threading
+import time
 from concurrent.futures import Future
 from typing import Literal, TypedDict
 
@@ -160,6 +161,9 @@ class Engine:
         self._mutex = threading.Lock()
         self._wake = threading.Condition(self._mutex)
         self._jobs: collections.deque[_Call | _Exclusive | _Interrupt | None] = collections.deque()  # None: stop
+        self.trace: collections.deque[tuple[float, int]] = collections.deque(maxlen=100_000)
+        """(wall time, sequences in the running batch) after each decoding step, the latest 100,000: how
+        full the engine's batch stays (`bench/occupancy.py`)."""
         args = llm_kwargs(model_path, device=device, max_model_len=max_model_len, seed=seed,
                           enforce_eager=enforce_eager, tensor_parallel_size=tensor_parallel_size,
                           gpu_memory_utilization=gpu_memory_utilization, dtype=dtype)  # fmt: skip
@@ -328,7 +332,9 @@ class Engine:
             for call in admit:
                 self._admit(call, running)
             try:
+                sequences = len(self.llm.llm_engine.output_processor.request_states)
                 outputs = self.llm.llm_engine.step()
+                self.trace.append((time.time(), sequences))
             except Exception as e:  # noqa: BLE001 - the engine failed: fail every call it held
                 for call in {c for c, _ in running.values()}:
                     if not call.future.done():
@@ -348,7 +354,7 @@ class Engine:
                     call.outs[i] = call.result(out, call, i)
                     call.left -= 1
                     if call.left == 0:
-                        call.future.set_result((call.version, call.outs))
+                        _resolve(call.future, (call.version, call.outs))
 
     def _admit(self, call: _Call, running: dict, which: list[int] | None = None) -> None:
         """Hand a call's prompts (those at `which`, or all) to vLLM, on the version served now."""
@@ -357,7 +363,8 @@ class Engine:
         try:
             ids = self.llm.enqueue([{"prompt_token_ids": call.prompt_ids[i]} for i in which], params, use_tqdm=False)
         except Exception as e:  # noqa: BLE001 - this call fails, the others go on
-            call.future.set_exception(e)
+            if not call.future.done():
+                call.future.set_exception(e)
             return
         call.version = self.version
         for i, rid in zip(which, ids, strict=True):
@@ -403,13 +410,23 @@ def _external_id(request_id: str) -> str:
     return request_id.split("-", 1)[0]
 
 
+def _resolve(future: Future, value) -> None:
+    """Set a call's result unless its caller cancelled it meanwhile (the engine thread must go on)."""
+    if not future.cancelled():
+        future.set_result(value)
+
+
 def _settle(future: Future, fn) -> bool:
+    """Run `fn` and hand its result or exception to `future` (dropped if the caller cancelled it); True
+    when it returned."""
     try:
-        future.set_result(fn())
-        return True
+        value = fn()
     except Exception as e:  # noqa: BLE001 - handed to the caller
-        future.set_exception(e)
+        if not future.cancelled():
+            future.set_exception(e)
         return False
+    _resolve(future, value)
+    return True
 
 
 class _Call:

@@ -36,7 +36,7 @@ def assert_ledger_balances(summary: dict) -> None:
     used += summary["empty_step_draws"]
     assert len(used) == len(set(used)), "a prompt draw was used twice"
     last = summary["steps_log"][-1]["metrics"]
-    parts = ("trained", "filtered", "stale_dropped", "surplus_dropped", "carried")
+    parts = ("trained", "filtered", "stale_dropped", "surplus_dropped", "carried", "in_flight")
     assert last["ledger/taken"] == sum(last[f"ledger/{k}"] for k in parts)
     if summary["start_step"] == 0:
         assert last["ledger/trained"] + last["ledger/filtered"] == len(used)

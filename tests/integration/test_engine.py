@@ -120,6 +120,19 @@ def test_sequence_logprobs_are_the_models_own(engines, tiny_model_dir, hf_model,
     assert max(abs(a - b) for a, b in zip(at_half, ref, strict=True)) < 1e-4
 
 
+def test_the_engine_traces_its_batch_at_every_decoding_step(engines, tiny_model_dir, prompts):
+    """`Engine.trace` (bench/occupancy.py reads it): the sequences in the batch after each step."""
+    import time
+
+    engine = engines.get(tiny_model_dir)
+    t0 = time.time()
+    outs = engine.generate(prompts[:3], n=2, temperature=1.0, top_p=1.0, max_tokens=8)
+    counts = [n for t, n in list(engine.trace) if t > t0]
+    longest = max(len(c["response_ids"]) for group in outs for c in group)
+    assert max(counts) == 6 and len(counts) >= longest  # 3 prompts x 2 samples; a step per token at least
+    assert all(c["versions"] == [[0, engine.version]] for group in outs for c in group)  # no load meanwhile
+
+
 def test_concurrent_calls_share_the_batch_and_keep_their_own_prompts(engines, tiny_model_dir, prompts):
     """Calls submitted while another runs join its batch: each still gets exactly its own prompts'
     completions, in order (greedy decoding makes them comparable with one call at a time), and a weight

@@ -22,3 +22,84 @@ def test_the_batch_takes_the_first_kept_groups_in_draw_order_whatever_finishes_f
         producer.close()
     assert [g["id"] for g in batch.groups] == [0, 1, 2]
     assert batch.draws["trained"] == ["0:0", "0:1", "0:2"]
+
+
+class FakeStream:
+    """Stands where `dapo_ray.stream.Stream` stands (the real one: tests/integration/test_end_to_end.py):
+    the group admitted last comes back first, as a short response overtakes a long one."""
+
+    def __init__(self, keep=lambda row: True) -> None:
+        self.in_flight: dict[str, dict] = {}
+        self.keep, self.admitted, self.closed = keep, [], False
+
+    def admit(self, rows: list[dict]) -> None:
+        self.admitted += [r["draw"] for r in rows]
+        self.in_flight.update({r["draw"]: r for r in rows})
+
+    def next_group(self, timeout_s=None) -> dict:
+        row = self.in_flight.pop(next(reversed(self.in_flight)))
+        return row | {"keep": self.keep(row), "policy_version": 0}
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def streaming(rows, stream, replay=(), cursor=None, **filler) -> Producer:
+    args = {"max_rounds": 4, "on_cap": "train_partial", "carry_over": False, "enabled": True, "max_lag": 1} | filler
+    return Producer(cursor or PromptCursor(rows, shuffle=False, seed=0), BatchFiller(3, **args), generate=None,
+                    gen_batch_size=8, overlap=True, stream=stream, replay=list(replay))  # fmt: skip
+
+
+def test_the_stream_cuts_the_batch_when_full_and_the_groups_in_flight_fill_the_next():
+    rows = [{"id": i} for i in range(40)]
+    stream = FakeStream(keep=lambda row: row["id"] % 2 == 0)
+    producer = streaming(rows, stream)
+    try:
+        first = producer.take(0, prefetch=False)
+        in_flight = first.state["in_flight"]
+        assert len(first.groups) == 3 and in_flight and in_flight == sorted(stream.in_flight, key=lambda d: int(d[2:]))
+        ledger = producer.ledger
+        assert ledger.in_flight == len(in_flight) and ledger.taken == len(stream.admitted)
+        ledger.check()
+        second = producer.take(1, prefetch=False)
+    finally:
+        producer.close()
+    assert stream.closed
+    used = [*first.draws["trained"], *first.draws["filtered"], *second.draws["trained"], *second.draws["filtered"]]
+    assert len(used) == len(set(used))  # no prompt twice
+    # What was in flight at the first cut came back into the second batch (or is still in flight).
+    assert set(in_flight) <= set(second.draws["trained"] + second.draws["filtered"]) | set(second.state["in_flight"])
+    assert producer.ledger.taken == len(used) + len(second.state["in_flight"])
+
+
+def test_prompts_in_flight_at_a_checkpoint_are_generated_first_after_a_resume():
+    rows = [{"id": i} for i in range(40)]
+    first = streaming(rows, FakeStream(keep=lambda row: row["id"] % 3 == 0))
+    try:
+        batch = first.take(0, prefetch=False)
+    finally:
+        first.close()
+    assert batch.state["in_flight"]
+    cursor = PromptCursor(rows, shuffle=False, seed=0)
+    cursor.load_state_dict(batch.state["cursor"])
+    stream = FakeStream()
+    resumed = streaming(rows, stream, replay=batch.state["in_flight"], cursor=cursor)
+    try:
+        again = resumed.take(1, prefetch=False)
+    finally:
+        resumed.close()
+    assert stream.admitted[: len(batch.state["in_flight"])] == batch.state["in_flight"]
+    assert stream.admitted[len(batch.state["in_flight"])] == f"0:{batch.state['cursor']['index']}"
+    assert not set(again.draws["trained"]) & set(batch.draws["trained"] + batch.draws["filtered"])
+
+
+def test_the_stream_stops_at_the_cap_without_a_round_structure():
+    stream = FakeStream(keep=lambda row: False)  # nothing is ever kept
+    producer = streaming([{"id": i} for i in range(100)], stream)
+    try:
+        batch = producer.take(0, prefetch=False)
+    finally:
+        producer.close()
+    assert batch.fill.outcome == "empty" and batch.fill.rounds == 4
+    assert batch.fill.generated_groups == 4 * 8  # max_rounds x gen_batch_size groups, as rounds would
+    producer.ledger.check()

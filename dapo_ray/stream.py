@@ -1,0 +1,118 @@
+"""The rollout stream: prompts go to the vLLM replicas one group at a time, as many in flight as the
+producer asks for, and each group comes back on its own, scored, the moment its G responses end.
+
+With generation overlapped (algorithm.max_policy_lag >= 1 and rollout.stream) the producer fills every
+batch from this stream instead of generation rounds (`producer.Producer`): it keeps enough prompts in
+flight for the kept groups still missing, adds each group to the Dynamic Sampling filter as it
+arrives, and cuts the batch the moment it is full. Groups still in flight at the cut carry on (a weight
+load interrupts them: partial rollout) and fill the next batch. Nothing waits for the slowest response
+of a round, so a replica's batch stays full while its long responses run.
+
+Why not a Ray Data dataset: what to admit next depends on what came back (the filter's keep rate and
+the kept groups still missing), which a dataset, planned from its source before it runs, cannot feed
+back; a checkpoint must name exactly which prompts are in flight, which a dataset's executor buffers
+without saying; and at max_policy_lag 0 the stream must drain at every update, where a dataset would have
+to be stopped and planned again per step (measured per round: docs/RESULTS.md, `bench/rollout_round.py`).
+So the calls go straight to the Serve deployment from an asyncio loop on a thread of the driver (Serve
+handles may be awaited from any loop), and scoring runs on a thread pool beside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from dapo_ray.pipeline import SamplingSpec, ScoringSpec, add_completions, prompt_seed, score_group
+
+
+class Stream:
+    """Single groups generated and scored, many in flight. `admit(rows)` sends them; `next_group()`
+    returns the next one scored (in the order they end); `in_flight` names what was sent and not yet
+    returned, by cursor draw."""
+
+    def __init__(self, app_name: str, sampling: SamplingSpec, scoring: ScoringSpec, scorers: int = 2,
+                 attempts: int = 4) -> None:  # fmt: skip
+        self.app_name, self.sampling, self.scoring, self.attempts = app_name, sampling, scoring, attempts
+        self.in_flight: dict[str, dict] = {}
+        self._done: queue.Queue = queue.Queue()
+        self._scorers = ThreadPoolExecutor(max_workers=scorers, thread_name_prefix="rollout-score")
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="rollout-stream", daemon=True)
+        self._thread.start()
+        self._handle = None
+
+    def admit(self, rows: list[dict]) -> None:
+        for row in rows:
+            self.in_flight[row["draw"]] = row
+            asyncio.run_coroutine_threadsafe(self._group(row), self._loop)
+
+    def next_group(self, timeout_s: float | None = None) -> dict:
+        """The next group whose G responses ended, scored; raises what generating or scoring it raised
+        (after the retries a lost replica gets), or `queue.Empty` after `timeout_s`."""
+        item = self._done.get(timeout=timeout_s)
+        if isinstance(item, BaseException):
+            raise item
+        del self.in_flight[item["draw"]]
+        return item
+
+    def close(self) -> None:
+        """Stop: groups in flight are dropped (their calls end on the replicas and are not read), and a
+        `next_group` waiting meanwhile raises."""
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=30)
+        self._done.put(RuntimeError("the rollout stream was closed"))
+        self._scorers.shutdown(wait=False, cancel_futures=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+        tasks = asyncio.all_tasks(self._loop)
+        for task in tasks:
+            task.cancel()
+        self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        self._loop.close()
+
+    async def _group(self, row: dict) -> None:
+        try:
+            version, replica, outs = await self._generate(row)
+            row = add_completions(dict(row), outs[0], version, replica)
+            self._done.put(await self._loop.run_in_executor(self._scorers, score_group, row, self.scoring))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            self._done.put(e)
+
+    async def _generate(self, row: dict):
+        """One call for the group, sent again when the replica serving it dies (Serve routes the retry to a
+        live one; nothing of the failed call was kept)."""
+        import ray
+        from ray import serve
+
+        if self._handle is None:
+            self._handle = serve.get_deployment_handle("rollout", app_name=self.app_name)
+        s = self.sampling
+        seeds = None if s.seed is None else [prompt_seed(s.seed, row["draw"])]
+        for attempt in range(self.attempts):
+            try:
+                return await self._handle.generate.remote([row["prompt_ids"]], s.n, s.temperature, s.top_p,
+                                                          s.max_tokens, seeds)  # fmt: skip
+            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+                if attempt == self.attempts - 1:
+                    raise
+                print(f"[rollout] a replica was lost mid-call ({type(e).__name__}); sending the call again", flush=True)
+                await asyncio.sleep(1.0 + attempt)
+        raise AssertionError("unreachable")
+
+
+def wait_any(stream: Stream, deadline_s: float = 600.0) -> dict:
+    """`stream.next_group()`, failing clearly when nothing comes back for `deadline_s`."""
+    t0 = time.time()
+    try:
+        return stream.next_group(timeout_s=deadline_s)
+    except queue.Empty:
+        raise TimeoutError(f"no group came back from the rollout replicas in {time.time() - t0:.0f}s "
+                           f"({len(stream.in_flight)} in flight)") from None  # fmt: skip
