@@ -90,6 +90,25 @@ def stream_steps(groups: list[tuple[list[int], bool]], target: int, batches: int
     return statistics.fmean(b - a for a, b in zip(cuts, cuts[1:], strict=False))
 
 
+def run_stream(app: str, rows: list[dict], total: int, in_flight: int, sampling, scoring,
+               handle) -> tuple[list[int], float]:  # fmt: skip
+    """`total` groups through `dapo_ray.stream.Stream` with `in_flight` prompts in flight, a new one sent
+    whenever one comes back; the replica's trace meanwhile (sequences per step) and the wall time."""
+    from dapo_ray.stream import Stream, wait_any
+
+    stream = Stream(app, sampling, scoring)
+    rows = iter([row | {"draw": f"0:{i}"} for i, row in enumerate(rows)])
+    t0 = time.time()
+    stream.admit([next(rows) for _ in range(in_flight)])
+    for done in range(1, total + 1):
+        wait_any(stream)
+        if done + len(stream.in_flight) < total:
+            stream.admit([next(rows)])
+    t1 = time.time()
+    stream.close()
+    return [n for at, n in handle.trace.remote(t0).result() if at <= t1 and n > 0], t1 - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default=str(ROOT / "workflows/configs/tiny_cpu_reasoning.yaml"))
@@ -127,6 +146,8 @@ def main() -> None:
                    concurrency)  # warm-up  # fmt: skip
 
     groups: list[tuple[list[int], bool]] = []
+    all_rounds: list[int] = []  # sequences per step over every round
+    rounds_wall = 0.0
     print(f"\nmeasured: {args.rounds} rounds of {t.gen_batch_size} prompts x G={r.n}, max_response_length "
           f"{r.max_response_length}, one vLLM-CPU replica ({args.config})")  # fmt: skip
     print(f"{'round':>5} {'steps':>6} {'peak':>5} {'mean':>6} {'occupancy':>9} {'steps < peak/2':>14} {'longest':>7} "
@@ -140,10 +161,22 @@ def main() -> None:
         trace = [n for at, n in handle.trace.remote(t0).result() if at <= t1 and n > 0]
         lengths = [len(ids) for g in out for ids in g["response_ids"]]
         groups += [([len(ids) for ids in g["response_ids"]], bool(g["keep"])) for g in out]
+        all_rounds += trace
+        rounds_wall += t1 - t0
         peak = max(trace)
         print(f"{i + 1:>5} {len(trace):>6} {peak:>5} {statistics.fmean(trace):>6.1f} "
               f"{statistics.fmean(trace) / peak:>8.1%} {sum(n < peak / 2 for n in trace) / len(trace):>13.1%} "
               f"{max(lengths):>7} {statistics.fmean(lengths):>8.1f} {t1 - t0:>6.2f}")  # fmt: skip
+    stream_trace, stream_wall = run_stream(APP_NAME, rows[(args.rounds + 1) * t.gen_batch_size :],
+                                           args.rounds * t.gen_batch_size, t.gen_batch_size, sampling,
+                                           scoring_spec(cfg), handle)  # fmt: skip
+    print(f"\nthe same number of groups ({args.rounds * t.gen_batch_size}), all rounds against the stream "
+          f"({t.gen_batch_size} prompts in flight, each replaced the moment its group ends):")  # fmt: skip
+    print(f"{'':>7} {'steps':>6} {'peak':>5} {'mean':>6} {'occupancy':>9} {'steps < peak/2':>14} {'wall s':>6}")
+    for label, trace, wall in (("rounds", all_rounds, rounds_wall), ("stream", stream_trace, stream_wall)):
+        peak = max(trace)
+        print(f"{label:>7} {len(trace):>6} {peak:>5} {statistics.fmean(trace):>6.1f} {statistics.fmean(trace) / peak:>8.1%}"
+              f" {sum(n < peak / 2 for n in trace) / len(trace):>13.1%} {wall:>6.2f}")  # fmt: skip
     serve.delete(APP_NAME)
     ray.shutdown()
 
