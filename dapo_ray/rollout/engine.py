@@ -282,10 +282,14 @@ class Engine:
 
     def _reset_prefix_cache(self) -> None:
         """Drop every cached prefix: they were computed with the old weights. vLLM resets only while no
-        request holds KV blocks, and says so by returning False. Then whatever still holds blocks (requests
-        a load interrupted) is preempted and recomputed later, on the new weights; vLLM raises if even that
-        fails."""
-        if not self.llm.reset_prefix_cache() and not self.llm.reset_prefix_cache(reset_running_requests=True):
+        request holds KV blocks, and says so by returning False (with a warning). Requests in flight (a
+        load interrupted them) are preempted first and recomputed later, on the new weights; vLLM raises
+        if even that fails."""
+        if self.llm.llm_engine.has_unfinished_requests():
+            reset = self.llm.reset_prefix_cache(reset_running_requests=True)
+        else:
+            reset = self.llm.reset_prefix_cache() or self.llm.reset_prefix_cache(reset_running_requests=True)
+        if not reset:
             raise RuntimeError("vLLM did not reset its prefix cache after a weight load")
 
     # The engine thread builds the engine and is then the only thread that touches it, for as long as the
