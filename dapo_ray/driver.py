@@ -592,7 +592,7 @@ class _Run:
                        train_s=time.time() - self.t_train, totals=totals)  # fmt: skip
         log(f"dynamic sampling over the run: kept {totals['kept_groups']}/{totals['generated_groups']} groups in "
             f"{totals['rounds']} rounds; {totals['partial_steps']} partial and {totals['skipped_steps']} skipped "
-            f"steps; {totals.get('stale_dropped', 0)} carried groups dropped as older than max_policy_lag")  # fmt: skip
+            f"steps; {totals.get('stale_dropped', 0)} groups dropped as older than max_policy_lag")  # fmt: skip
         if self.eval_rows:
             self.evaluated(self.evaluate(), "after")
         if cfg.tracking.log_model and not storage.is_uri(final):
