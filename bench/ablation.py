@@ -59,7 +59,8 @@ def run_one(rung: str, seed: int, max_generated: int, eval_every: int, out: Path
     steps = [
         {"step": e["step"], "generated": g, **{k: e["metrics"][k] for k in (
             "actor/entropy", "response_length/mean", "response_length/clip_ratio", "critic/acc/mean",
-            "timing/step_s")}}
+            "timing/step_s", "response_length/generated_mean", "dynamic_sampling/stale_dropped",
+            "dynamic_sampling/generated_groups")}}
         for e, g in zip(summary["steps_log"], _cumulative(summary["steps_log"], cfg.rollout.n), strict=True)
     ]  # fmt: skip
     evals = [{k: e[k] for k in ("step", "generated", "train_s", "eval/avg_at_k", "eval/pass_at_k")}
