@@ -120,13 +120,13 @@ def evaluate(cfg: Config, rows: list[dict], app: str, concurrency: int) -> dict[
 
 def batch_metrics(batch: list[dict], generated: list[dict], version: int) -> dict[str, float]:
     """Reward, accuracy, length and solve-all statistics of the step (see metrics.py)."""
-    from dapo_ray.trainer.batch import token_versions
+    from dapo_ray.trainer.batch import response_versions, token_versions
 
     lengths = [len(ids) for g in batch for ids in g["response_ids"]]
     generated_lengths = [len(ids) for g in generated or batch for ids in g["response_ids"]]
     lps = [lp for g in batch for seq in g["rollout_logprobs"] for lp in seq]
     all_acc = [a for g in generated for a in g["acc"]]
-    segments = [v for g in batch for v in g.get("versions") or [[[0, g["policy_version"]]]] * len(g["response_ids"])]
+    segments = [v for g in batch for v in response_versions(g)]
     token_lags = [version - v for seg, ids in zip(segments, (ids for g in batch for ids in g["response_ids"]), strict=True)
                   for v in token_versions(seg, len(ids))]  # fmt: skip
     return {

@@ -37,13 +37,18 @@ def flatten_groups(groups: list[dict]) -> list[Sample]:
     advantages, rollout_logprobs, policy_version; and versions, where a load interrupted a response)."""
     out: list[Sample] = []
     for g in groups:
-        versions = g.get("versions") or [[[0, g["policy_version"]]]] * len(g["response_ids"])
         for ids, w, a, lp, v in zip(g["response_ids"], g["loss_weights"], g["advantages"], g["rollout_logprobs"],
-                                    versions, strict=True):  # fmt: skip
+                                    response_versions(g), strict=True):  # fmt: skip
             out.append({"input_ids": list(g["prompt_ids"]) + list(ids), "n_prompt": len(g["prompt_ids"]),
                         "weight": float(w) if ids else 0.0, "advantage": float(a), "rollout_logprobs": list(lp),
                         "token_versions": token_versions(v, len(ids))})  # fmt: skip
     return out
+
+
+def response_versions(group: dict) -> list[list[list[int]]]:
+    """Each response's [[first token, version], ...] segments: its `versions`, or the group's
+    `policy_version` throughout (groups saved before partial rollout have no `versions`)."""
+    return group.get("versions") or [[[0, group["policy_version"]]]] * len(group["response_ids"])
 
 
 def token_versions(versions: list[list[int]], n_tokens: int) -> list[int]:
