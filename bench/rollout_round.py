@@ -36,27 +36,14 @@ def main() -> None:
     args = ap.parse_args()
 
     import ray
+    from one_replica import start
     from ray import serve
-    from transformers import AutoTokenizer
 
-    from dapo_ray.config import load_config
-    from dapo_ray.driver import prepare_prompts
     from dapo_ray.pipeline import SamplingSpec, _call_replica, generate_round, score_group, scoring_spec
-    from dapo_ray.ray_cluster import absolute_paths, init_ray
-    from dapo_ray.rollout.deployment import APP_NAME, deploy_rollout
-    from dapo_ray.tiny_model import build_for
-    from dapo_ray.weights import create_store
+    from dapo_ray.rollout.deployment import APP_NAME
 
-    cfg = load_config(args.config)
-    build_for(cfg)
-    cfg = absolute_paths(cfg)
-    init_ray(cfg)
-    tok = AutoTokenizer.from_pretrained(cfg.rollout.model_path)
-    rows, _ = prepare_prompts(cfg, tok)
+    cfg, rows, handle, store = start(args.config, "weights-bench-round")
     r = cfg.rollout
-    store = create_store("weights-bench-round")
-    deploy_rollout(r, cfg.data.max_prompt_length + r.max_response_length, "weights-bench-round", seed=1)
-    handle = serve.get_deployment_handle("rollout", app_name=APP_NAME)
     sampling = SamplingSpec(r.n, r.temperature, r.top_p, r.max_response_length)
     scoring = scoring_spec(cfg)
     per_call = max(1, args.prompts // args.in_flight)
