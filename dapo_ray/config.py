@@ -211,6 +211,12 @@ class AlgorithmConfig:
     current one trains (one-step off-policy), and carried groups may wait a step. Samples older than
     this are dropped (and counted); those within it use the engine's log-probs as the ratio's
     denominator."""
+    stale_groups: Literal["drop", "resample"] = "drop"
+    """What happens to a group older than max_policy_lag. `drop`: it is dropped and counted. `resample`:
+    its prompt goes back to the front of the queue and is generated again on the current weights; with the
+    rollout stream, groups in flight at a batch's cut that can no longer be fresh enough for the next
+    batch (sent before the replicas served version step + 1 - max_policy_lag) are aborted on the
+    replicas at once, so no decoding is spent on them. Counted in `ledger/resampled`."""
     kl_coef: float = 0.0
     """KL penalty to the initial (reference) policy in the loss; DAPO removes it (section 2.3), so 0.
     When > 0 each trainer worker also holds a frozen reference model."""

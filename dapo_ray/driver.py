@@ -349,6 +349,7 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
             # 3. Sync: every replica serves the new version before the next on-policy rollout; check it.
             t3 = time.time()
             versions = stack.sync(run.step)
+            run.producer.served(run.step)
             t4 = time.time()
             engine_version, engine_lp = stack.handle.sequence_logprobs.remote(probe_ids).result()
             probe_diff = max(abs(x - y) for x, y in zip(engine_lp, res.pop("probe_logprobs"), strict=True))
@@ -465,7 +466,8 @@ class _Run:
         overlap = self.cfg.algorithm.max_policy_lag >= 1
         stream = Stream(self.stack.app, self.sampling, self.scoring) if overlap and self.cfg.rollout.stream else None
         return Producer(self.cursor, self.filler, self._rollout, self.cfg.trainer.gen_batch_size, overlap=overlap,
-                        stream=stream, replay=self.replay)  # fmt: skip
+                        stream=stream, replay=self.replay, resample=self.cfg.algorithm.stale_groups == "resample",
+                        served=self.step)  # fmt: skip
 
     def start_training(self) -> None:
         """The producer, the training clock, the pace and the live status line."""
@@ -594,7 +596,9 @@ class _Run:
                        train_s=time.time() - self.t_train, totals=totals)  # fmt: skip
         log(f"dynamic sampling over the run: kept {totals['kept_groups']}/{totals['generated_groups']} groups in "
             f"{totals['rounds']} rounds; {totals['partial_steps']} partial and {totals['skipped_steps']} skipped "
-            f"steps; {totals.get('stale_dropped', 0)} groups dropped as older than max_policy_lag")  # fmt: skip
+            f"steps; {totals.get('stale_dropped', 0)} groups dropped as older than max_policy_lag"
+            + (f", {self.producer.ledger.resampled} prompts generated again on newer weights instead"
+               if self.producer.ledger.resampled else ""))  # fmt: skip
         if self.eval_rows:
             self.evaluated(self.evaluate(), "after")
         if cfg.tracking.log_model and not storage.is_uri(final):

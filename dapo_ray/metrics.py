@@ -43,6 +43,7 @@ METRICS: dict[str, str] = {
     "ledger/surplus_dropped": "of them, dropped as surplus (carry_over off)",
     "ledger/carried": "of them, kept and waiting for a later step",
     "ledger/in_flight": "of them, in the rollout stream at the batch's cut (sent, or back and not yet in a batch; rollout.stream)",
+    "ledger/resampled": "prompts sent back to the queue so far, to be generated again on newer weights (algorithm.stale_groups resample; not in taken until drawn again)",
     "dynamic_sampling/partial": "1 if the cap was hit and the step trained on a partial batch",
     # actor
     "actor/entropy": "mean entropy of the policy over response tokens, in the first update pass (each mini-batch at the weights it is updated from, as verl)",

@@ -13,9 +13,14 @@ With overlap and a `Stream` (rollout.stream, the default) there are no rounds: p
 as the missing kept groups need, each group reaches the filter when its own responses end, and the batch
 is cut the moment it is full; groups in flight at the cut go on into the next batch (`dapo_ray.stream`).
 
+With `resample` (algorithm.stale_groups) a group older than the lag bound is not dropped: its prompt goes
+back to the front of the queue (`_requeue`) and is generated again, on newer weights. With the stream the
+groups in flight at a cut that cannot be fresh enough for the next batch are aborted there and then.
+
 Every prompt taken from the data cursor is accounted for (`Ledger`): trained, filtered out by the keep
 rule, carried to the next step, dropped (older than the lag bound, or surplus with carry-over off), or
-in flight in the stream — never lost and never used twice. A batch comes with the producer's state at
+in flight in the stream — never lost and never used twice (a prompt sent back to the queue is taken
+again when it is drawn again; `resampled` counts how often that happened). A batch comes with the producer's state at
 its boundary (cursor, carried groups and the stream's prompts in flight, before any prefetch), which is
 what a checkpoint saves: prompts in flight or of a prefetch are generated again after a resume (those in
 flight first), and were never trained.
@@ -50,6 +55,7 @@ class Ledger:
     surplus_dropped: int = 0
     carried: int = 0  # kept groups waiting for a later step right now
     in_flight: int = 0  # prompts in the stream right now (sent, or back and not yet added to a batch)
+    resampled: int = 0  # prompts sent back to the queue so far (not in `taken` until drawn again)
 
     def record(self, fill: FillReport) -> None:
         self.trained += fill.batch_groups
@@ -83,14 +89,18 @@ class Batch:
 class Producer:
     def __init__(self, cursor, filler: BatchFiller, generate: Callable[[list[dict]], list[dict]],
                  gen_batch_size: int, overlap: bool, stream: Stream | None = None,
-                 replay: list[str] = ()) -> None:  # fmt: skip
+                 replay: list[str] = (), resample: bool = False, served: int = 0) -> None:  # fmt: skip
         """`generate(prompts) -> scored groups` runs one round (see `pipeline.generate_round`); with a
         `stream` (and overlap) groups come from it instead. `replay`: cursor draws that were in flight
-        when the checkpoint was saved, generated again before the cursor's next prompts."""
+        when the checkpoint was saved, generated again before the cursor's next prompts. `resample`: send
+        groups older than the lag bound back to the queue instead of dropping them. `served`: the policy
+        version the replicas serve now (`served()` moves it on)."""
         self.cursor, self.filler, self.generate = cursor, filler, generate
-        self.gen_batch_size, self.overlap = gen_batch_size, overlap
+        self.gen_batch_size, self.overlap, self.resample = gen_batch_size, overlap, resample
         self.stream = stream if overlap else None
         self._replay = cursor.rows_at(list(replay)) if replay else []
+        if self.stream is not None:
+            self.stream.served = served
         self.ledger = Ledger(carried=len(filler.state_dict()["kept"]))
         self.ledger.taken = self.ledger.carried  # carried groups restored from a checkpoint were taken before
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-producer") if overlap else None
@@ -113,6 +123,11 @@ class Producer:
             self._next = (step + 1, self._pool.submit(self._fill, step + 1))
         return batch
 
+    def served(self, version: int) -> None:
+        """Every replica now serves policy `version` (the driver's sync said so)."""
+        if self.stream is not None:
+            self.stream.served = version
+
     def close(self) -> None:
         """Stop; a prefetch in flight is waited for and discarded (a run that stops early resumes from
         the last taken batch's state, so its prompts are generated again), and the stream stops."""
@@ -131,6 +146,23 @@ class Producer:
         self.ledger.taken += len(rows)
         return rows
 
+    def _requeue(self, draws: list[str]) -> None:
+        """Send the prompts of `draws` back to the front of the queue (they were taken, and are taken
+        again when drawn)."""
+        self._replay = self.cursor.rows_at(sorted(draws, key=lambda d: tuple(map(int, d.split(":"))))) + self._replay
+        self.ledger.taken -= len(draws)
+        self.ledger.resampled += len(draws)
+
+    def _add(self, filler: BatchFiller, groups: list[dict], new_round: bool = True) -> None:
+        """Add generated groups to the filter; with `resample`, those it would drop as too old go back
+        to the queue instead."""
+        if self.resample:
+            old = [g for g in groups if filler.too_old(g["keep"], g["policy_version"])]
+            self._requeue([g["draw"] for g in old])
+            groups = [g for g in groups if not filler.too_old(g["keep"], g["policy_version"])]
+        filler.add(groups, keep=[g["keep"] for g in groups], versions=[g["policy_version"] for g in groups],
+                   new_round=new_round)  # fmt: skip
+
     def _fill(self, step: int) -> Batch:
         if self.stream is not None:
             return self._fill_from_stream(step)
@@ -145,8 +177,8 @@ class Producer:
             # and a resumed run cuts its batch where the uninterrupted one did.
             groups = sorted(self.generate(prompts), key=draw_order)
             generated += groups
-            filler.add(groups, keep=[g["keep"] for g in groups], versions=[g["policy_version"] for g in groups])
-        return self._cut(filler, generated, t0)
+            self._add(filler, groups)
+        return self._cut(filler, generated, t0, step)
 
     def _fill_from_stream(self, step: int) -> Batch:
         """The batch of `step` from the stream: enough prompts in flight for the kept groups still missing
@@ -161,13 +193,19 @@ class Producer:
             if want > 0:
                 stream.admit(self._draw(want))
             g = wait_any(stream)
-            filler.add([g], keep=[g["keep"]], versions=[g["policy_version"]], new_round=len(generated) % G == 0)
+            self._add(filler, [g], new_round=len(generated) % G == 0)
             generated.append(g)
-        return self._cut(filler, generated, t0)
+        return self._cut(filler, generated, t0, step)
 
-    def _cut(self, filler: BatchFiller, generated: list[dict], t0: float) -> Batch:
+    def _cut(self, filler: BatchFiller, generated: list[dict], t0: float, step: int) -> Batch:
         groups, fill = filler.finish()
         self.ledger.record(fill)
+        if self.resample and self.stream is not None:
+            # Sent before the replicas served step + 1 - max_lag: unless it waited in an engine's queue
+            # until a later load, its oldest token is older than the next batch allows and it would be
+            # dropped when it ends. Abort it now and generate it again.
+            doomed = [d for d, row in self.stream.in_flight.items() if row["admitted_on"] < step + 1 - filler.max_lag]
+            self._requeue([row["draw"] for row in self.stream.abort(doomed)])
         in_flight = sorted(self.stream.in_flight, key=lambda d: tuple(map(int, d.split(":")))) if self.stream else []
         self.ledger.in_flight = len(in_flight)  # prompts still to replay are not taken yet
         self.ledger.check()

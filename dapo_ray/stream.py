@@ -20,10 +20,11 @@ handles may be awaited from any loop), and scoring runs on a thread pool beside 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from dapo_ray.pipeline import SamplingSpec, ScoringSpec, add_completions, prompt_seed, score_group
 
@@ -31,13 +32,21 @@ from dapo_ray.pipeline import SamplingSpec, ScoringSpec, add_completions, prompt
 class Stream:
     """Single groups generated and scored, many in flight. `admit(rows)` sends them; `next_group()`
     returns the next one scored (in the order they end); `in_flight` names what was sent and not yet
-    returned, by cursor draw."""
+    returned, by cursor draw; `abort(draws)` takes groups back before they end (their calls are cancelled
+    on the replicas, whose engines then abort the requests). Each admitted row records `admitted_on`: the
+    policy version every replica served when it was sent (`served`, which the driver sets after each sync),
+    so a group's oldest token is at least that version."""
 
     def __init__(self, app_name: str, sampling: SamplingSpec, scoring: ScoringSpec, scorers: int = 2,
                  attempts: int = 4) -> None:  # fmt: skip
         self.app_name, self.sampling, self.scoring, self.attempts = app_name, sampling, scoring, attempts
         self.in_flight: dict[str, dict] = {}
-        self._done: queue.Queue = queue.Queue()
+        self.served = 0
+        self._done: queue.Queue = queue.Queue()  # (ticket, scored group or exception)
+        self._tickets = itertools.count()
+        self._calls: dict[int, Future] = {}  # ticket -> the group's task on the loop
+        self._responses: dict = {}  # ticket -> the Serve call in flight
+        self._aborted: set[int] = set()
         self._scorers = ThreadPoolExecutor(max_workers=scorers, thread_name_prefix="rollout-score")
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="rollout-stream", daemon=True)
@@ -46,17 +55,35 @@ class Stream:
 
     def admit(self, rows: list[dict]) -> None:
         for row in rows:
+            row = row | {"ticket": next(self._tickets), "admitted_on": self.served}
             self.in_flight[row["draw"]] = row
-            asyncio.run_coroutine_threadsafe(self._group(row), self._loop)
+            self._calls[row["ticket"]] = asyncio.run_coroutine_threadsafe(self._group(row), self._loop)
+
+    def abort(self, draws: list[str]) -> list[dict]:
+        """Take the groups of `draws` back: they will not come out of `next_group`, and their calls are
+        cancelled. Returns their rows as admitted."""
+        rows = [self.in_flight.pop(d) for d in draws]
+        for row in rows:
+            self._aborted.add(row["ticket"])
+            call = self._calls.pop(row["ticket"], None)
+            if call is not None:
+                call.cancel()
+        return rows
 
     def next_group(self, timeout_s: float | None = None) -> dict:
         """The next group whose G responses ended, scored; raises what generating or scoring it raised
         (after the retries a lost replica gets), or `queue.Empty` after `timeout_s`."""
-        item = self._done.get(timeout=timeout_s)
-        if isinstance(item, BaseException):
-            raise item
-        del self.in_flight[item["draw"]]
-        return item
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            ticket, item = self._done.get(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+            self._calls.pop(ticket, None)
+            if ticket in self._aborted:  # it ended before its abort reached it
+                self._aborted.discard(ticket)
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            del self.in_flight[item["draw"]]
+            return item
 
     def close(self) -> None:
         """Stop: groups in flight are dropped (their calls end on the replicas and are not read), and a
@@ -64,7 +91,7 @@ class Stream:
         if self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=30)
-        self._done.put(RuntimeError("the rollout stream was closed"))
+        self._done.put((None, RuntimeError("the rollout stream was closed")))
         self._scorers.shutdown(wait=False, cancel_futures=True)
 
     def _run(self) -> None:
@@ -77,14 +104,21 @@ class Stream:
         self._loop.close()
 
     async def _group(self, row: dict) -> None:
+        ticket = row["ticket"]
         try:
             version, replica, outs = await self._generate(row)
             row = add_completions(dict(row), outs[0], version, replica)
-            self._done.put(await self._loop.run_in_executor(self._scorers, score_group, row, self.scoring))
-        except asyncio.CancelledError:
+            self._done.put((ticket, await self._loop.run_in_executor(self._scorers, score_group, row, self.scoring)))
+        except asyncio.CancelledError:  # aborted: cancel the call on its replica too
+            response = self._responses.get(ticket)
+            if response is not None:
+                response.cancel()
             raise
         except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            self._done.put(e)
+            self._done.put((ticket, e))
+        finally:
+            self._calls.pop(ticket, None)
+            self._responses.pop(ticket, None)
 
     async def _generate(self, row: dict):
         """One call for the group, sent again when the replica serving it dies (Serve routes the retry to a
@@ -98,8 +132,10 @@ class Stream:
         seeds = None if s.seed is None else [prompt_seed(s.seed, row["draw"])]
         for attempt in range(self.attempts):
             try:
-                return await self._handle.generate.remote([row["prompt_ids"]], s.n, s.temperature, s.top_p,
-                                                          s.max_tokens, seeds)  # fmt: skip
+                response = self._handle.generate.remote([row["prompt_ids"]], s.n, s.temperature, s.top_p,
+                                                        s.max_tokens, seeds)  # fmt: skip
+                self._responses[row["ticket"]] = response
+                return await response
             except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
                 if attempt == self.attempts - 1:
                     raise

@@ -335,6 +335,7 @@ class Engine:
                 self._interrupt(interrupt, running)
             for call in admit:
                 self._admit(call, running)
+            self._abort_cancelled(running)
             try:
                 sequences = len(self.llm.llm_engine.output_processor.request_states)
                 outputs = self.llm.llm_engine.step()
@@ -359,6 +360,15 @@ class Engine:
                     call.left -= 1
                     if call.left == 0:
                         _resolve(call.future, (call.version, call.outs))
+
+    def _abort_cancelled(self, running: dict[str, tuple[_Call, int]]) -> None:
+        """Abort the requests of calls their callers cancelled (a Serve request cancelled: the rollout
+        stream aborting a group), so no decoding step is spent on them."""
+        gone = [rid for rid, (call, _) in running.items() if call.future.cancelled()]
+        if gone:
+            self.llm.llm_engine.abort_request(gone, internal=False)
+            for rid in gone:
+                del running[rid]
 
     def _admit(self, call: _Call, running: dict, which: list[int] | None = None) -> None:
         """Hand a call's prompts (those at `which`, or all) to vLLM, on the version served now."""

@@ -172,6 +172,33 @@ def test_concurrent_calls_share_the_batch_and_keep_their_own_prompts(engines, ti
     assert max(steps) > 4  # later calls ran together in one batch
 
 
+def test_a_cancelled_call_is_aborted_in_the_engine_and_the_others_go_on(engines, tiny_model_dir, prompts):
+    """What the rollout stream's abort comes to on a replica (algorithm.stale_groups resample): Serve
+    cancels the request, which cancels the call's future, and the engine aborts the call's requests
+    before its next decoding step; a call beside it finishes as if alone."""
+    import time
+
+    engine = engines.get(tiny_model_dir)
+    greedy = {"n": 1, "temperature": 0.0, "top_p": 1.0, "max_tokens": 24}
+    alone = engine.generate([prompts[0]], **greedy)[0][0]["response_ids"]
+    doomed = engine.submit(prompts[1:5], n=4, temperature=1.0, top_p=1.0, max_tokens=MAX_MODEL_LEN // 2)
+    other = engine.submit([prompts[0]], **greedy)
+    deadline = time.time() + 30
+    while engine.llm.llm_engine.get_num_unfinished_requests() < 17 and time.time() < deadline:
+        time.sleep(0.005)
+    t_cancel = time.time()
+    assert doomed.cancel()
+    assert other.result(60)[1][0][0]["response_ids"] == alone
+    after = [n for t, n in list(engine.trace) if t > t_cancel]
+    assert len(after) >= 2 and after[1] <= 1, after[:4]  # from the step after the cancel, only `other` runs
+    while engine.llm.llm_engine.has_unfinished_requests() and time.time() < deadline:
+        time.sleep(0.01)
+    assert not engine.llm.llm_engine.has_unfinished_requests()  # aborted, not run to max_tokens
+    states = engine.llm.llm_engine.output_processor.request_states
+    assert not states, list(states)
+    assert engine.generate([prompts[0]], **greedy)[0][0]["response_ids"] == alone  # the engine goes on
+
+
 def test_a_load_resets_the_prefix_cache_even_while_a_request_holds_kv_blocks(engines, tiny_model_dir, prompts):
     """Cached prefixes were computed with the old weights. vLLM resets its prefix cache only while no
     request holds KV blocks and otherwise returns False (vllm/v1/core/block_pool.py), which loads used to
