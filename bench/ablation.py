@@ -10,6 +10,7 @@ total). Held-out avg@8 is evaluated every `--eval-every` steps.
     python bench/ablation.py                                 # 6 rungs x 3 seeds, about 1.5 h on 2 cores
     python bench/ablation.py --rungs naive-grpo dapo --seeds 1 --max-generated 2048   # a quick look
     python bench/ablation.py --rungs naive-grpo dapo --set algorithm.max_policy_lag=0 --out runs/ablation-lag0
+    python bench/ablation.py --rungs dapo --config workflows/configs/tiny_cpu.yaml --max-generated 24576   # the demo
 
 `--set` adds config overrides to every run (after the rung's own), e.g. the same ladder strictly
 on-policy instead of with generation overlapped as the reasoning config has it.
@@ -39,16 +40,17 @@ CONFIG = ROOT / "workflows/configs/tiny_cpu_reasoning.yaml"
 RUNGS = [name for name, _ in LADDER]
 
 
-def run_one(rung: str, seed: int, max_generated: int, eval_every: int, out: Path, extra: list[str]) -> dict:
+def run_one(rung: str, seed: int, max_generated: int, eval_every: int, out: Path, extra: list[str],
+            config: Path = CONFIG) -> dict:  # fmt: skip
     """One run of the ladder, in this process; returns what the table and plots need."""
     from dapo_ray.config import load_config
     from dapo_ray.driver import run
     from dapo_ray.tiny_model import build_for
 
-    base = load_config(CONFIG)
+    base = load_config(config)
     # Without dynamic sampling a step generates train_batch_size groups: that many steps fit the budget.
     steps = -(-max_generated // (base.trainer.train_batch_size * base.rollout.n))
-    cfg = load_config(CONFIG, overrides_for(rung) + [
+    cfg = load_config(config, overrides_for(rung) + [
         f"trainer.seed={seed}", f"data.seed={seed}", f"trainer.max_generated={max_generated}",
         f"trainer.total_steps={steps}", "trainer.save_every=0", f"eval.every={eval_every}",
         f"trainer.output_dir={out / 'runs' / f'{rung}-s{seed}'}", "tracking.enabled=false", *extra,
@@ -57,10 +59,10 @@ def run_one(rung: str, seed: int, max_generated: int, eval_every: int, out: Path
     build_for(base)
     summary = run(cfg)
     steps = [
-        {"step": e["step"], "generated": g, **{k: e["metrics"][k] for k in (
+        {"step": e["step"], "generated": g, **{k: e["metrics"].get(k, 0) for k in (
             "actor/entropy", "response_length/mean", "response_length/clip_ratio", "critic/acc/mean",
             "timing/step_s", "response_length/generated_mean", "dynamic_sampling/stale_dropped",
-            "dynamic_sampling/generated_groups")}}
+            "dynamic_sampling/generated_groups", "ledger/resampled")}}
         for e, g in zip(summary["steps_log"], _cumulative(summary["steps_log"], cfg.rollout.n), strict=True)
     ]  # fmt: skip
     evals = [{k: e[k] for k in ("step", "generated", "train_s", "eval/avg_at_k", "eval/pass_at_k")}
@@ -155,18 +157,19 @@ def main() -> int:
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", dest="extra",
                     help="config overrides for every run, after the rung's own")
     ap.add_argument("--out", type=Path, default=ROOT / "runs/ablation")
+    ap.add_argument("--config", type=Path, default=CONFIG, help="the task (default: the reasoning-length one)")
     ap.add_argument("--one", nargs=2, metavar=("RUNG", "SEED"), help=argparse.SUPPRESS)  # a child process
     args = ap.parse_args()
     out = args.out.resolve()
     if args.one:
         rung, seed = args.one[0], int(args.one[1])
-        result = run_one(rung, seed, args.max_generated, args.eval_every, out, args.extra)
+        result = run_one(rung, seed, args.max_generated, args.eval_every, out, args.extra, args.config.resolve())
         (out / "runs" / f"{rung}-s{seed}.json").write_text(json.dumps(result))
         return 0
 
     from dapo_ray.config import load_config
 
-    load_config(CONFIG, args.extra)  # a typo in --set fails here, naming the key, before any run
+    load_config(args.config, args.extra)  # a typo in --set fails here, naming the key, before any run
     (out / "runs").mkdir(parents=True, exist_ok=True)
     todo = [(rung, seed) for seed in range(1, args.seeds + 1) for rung in args.rungs]
     t0 = time.time()
@@ -181,6 +184,7 @@ def main() -> int:
         with log.open("w") as f:
             rc = subprocess.call([sys.executable, __file__, "--one", rung, str(seed), "--out", str(out),
                                   "--max-generated", str(args.max_generated), "--eval-every", str(args.eval_every),
+                                  "--config", str(args.config.resolve()),
                                   *(["--set", *args.extra] if args.extra else [])],
                                  stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)  # fmt: skip
         if rc != 0:

@@ -216,7 +216,8 @@ class AlgorithmConfig:
     its prompt goes back to the front of the queue and is generated again on the current weights; with the
     rollout stream, groups in flight at a batch's cut that can no longer be fresh enough for the next
     batch (sent before the replicas served version step + 1 - max_policy_lag) are aborted on the
-    replicas at once, so no decoding is spent on them. Counted in `ledger/resampled`."""
+    replicas at once, so no decoding is spent on them. Counted in `ledger/resampled`; a prompt sent back
+    3 times is dropped after all (`producer.MAX_RESAMPLES`)."""
     kl_coef: float = 0.0
     """KL penalty to the initial (reference) policy in the loss; DAPO removes it (section 2.3), so 0.
     When > 0 each trainer worker also holds a frozen reference model."""

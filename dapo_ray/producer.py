@@ -37,6 +37,10 @@ from dapo_ray.algo import BatchFiller
 from dapo_ray.algo.dynamic_sampling import FillReport
 from dapo_ray.stream import Stream, wait_any
 
+MAX_RESAMPLES = 3
+"""How often one prompt may be sent back to the queue (algorithm.stale_groups resample) before it is
+dropped as stale after all."""
+
 
 def draw_order(group: dict) -> tuple[int, int]:
     """Where a group's prompt came in the data: its cursor draw "epoch:index" as numbers."""
@@ -105,6 +109,7 @@ class Producer:
         self.ledger.taken = self.ledger.carried  # carried groups restored from a checkpoint were taken before
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-producer") if overlap else None
         self._next: tuple[int, Future[Batch]] | None = None
+        self._resamples: dict[str, int] = {}  # draw -> times sent back to the queue
 
     def take(self, step: int, prefetch: bool = True) -> Batch:
         """The batch that step `step` trains on (trained from policy version `step`). With overlap and
@@ -148,10 +153,18 @@ class Producer:
 
     def _requeue(self, draws: list[str]) -> None:
         """Send the prompts of `draws` back to the front of the queue (they were taken, and are taken
-        again when drawn)."""
-        self._replay = self.cursor.rows_at(sorted(draws, key=lambda d: tuple(map(int, d.split(":"))))) + self._replay
-        self.ledger.taken -= len(draws)
-        self.ledger.resampled += len(draws)
+        again when drawn). A prompt already sent back MAX_RESAMPLES times is dropped as stale instead, so
+        one whose responses never fit between two cuts cannot hold a place at the front for ever."""
+        again = []
+        for d in draws:
+            self._resamples[d] = self._resamples.get(d, 0) + 1
+            if self._resamples[d] > MAX_RESAMPLES:
+                self.ledger.stale_dropped += 1
+            else:
+                again.append(d)
+        self._replay = self.cursor.rows_at(sorted(again, key=lambda d: tuple(map(int, d.split(":"))))) + self._replay
+        self.ledger.taken -= len(again)
+        self.ledger.resampled += len(again)
 
     def _add(self, filler: BatchFiller, groups: list[dict], new_round: bool = True) -> None:
         """Add generated groups to the filter; with `resample`, those it would drop as too old go back

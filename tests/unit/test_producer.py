@@ -168,3 +168,19 @@ def test_without_resample_nothing_is_aborted_and_old_groups_are_dropped():
     assert not stream.aborted and producer.ledger.resampled == 0
     assert batch.fill.stale_dropped == 3 and not set(batch.draws["trained"]) & {"0:5", "0:6", "0:7"}
     producer.ledger.check()
+
+
+def test_a_prompt_sent_back_too_often_is_dropped_as_stale_after_all():
+    from dapo_ray.producer import MAX_RESAMPLES
+
+    rows = [{"id": i} for i in range(40)]
+    stream = FakeStream(version=lambda row: -4 if row["id"] == 7 else 1)  # prompt 7 is always too old
+    producer = streaming(rows, stream, resample=True, served=1)
+    try:
+        batch = producer.take(1, prefetch=False)
+    finally:
+        producer.close()
+    assert stream.admitted.count("0:7") == 1 + MAX_RESAMPLES
+    assert producer.ledger.resampled == MAX_RESAMPLES and producer.ledger.stale_dropped == 1
+    assert "0:7" not in batch.draws["trained"] + batch.state["in_flight"]
+    producer.ledger.check()
