@@ -9,15 +9,15 @@ under its own name); a reader actor on node B stands in for a rollout replica. P
   serializer, i.e. torch's own `__reduce__`: the bytes go in band); the reader `ray.get`s it.
 * `ray_zero_copy`: the same put with what Ray's opt-in `RAY_ENABLE_ZERO_COPY_TORCH_TENSORS=1` registers
   (each tensor becomes an out-of-band uint8 numpy buffer, bf16 included), registered around that put.
-* `object_store` (ours, the real path): publisher `weights.publish` to a real `WeightStore` (`pack`: a
-  uint8 numpy view of each tensor, no copy; one `ray.put`, out of band; the store call); the reader asks the store for the latest version
-  (untimed, as a replica's long poll returns it) and `weights.fetch`es it.
+* `object_store` (ours, the real path): publisher `weights.publish` to a real `WeightStore` (buckets of
+  `weight_sync.bucket_mb`: each copied into a host buffer and `ray.put` out of band, from a thread, and
+  announced to the store); the reader asks the store for the latest version (untimed, as a replica's long
+  poll returns it) and `weights.fetch`es it.
 * `object_store + load`: the same fetch, then every tensor copied by name into a same-shaped, resident
   module on node B (`param.copy_`, tied weights once): the in-place load vLLM does, without vLLM.
 
 Every fetch then reads one byte of every 4 KiB page of every tensor, so zero-copy views are really
-mapped. put s = the publisher's call (serialize + copy into node A's store [+ the store call]); (pack s)
-= the part of it spent in `weights.pack`; get s = the reader's call (pull into node B's store +
+mapped. put s = the publisher's call (serialize + copy into node A's store [+ the store call]); get s = the reader's call (pull into node B's store +
 deserialize + touch [+ load]); GB/s = state bytes / (put + get). The actors ask for no CPU, so Ray runs
 torch in them on one thread (OMP_NUM_THREADS=1).
 
@@ -156,22 +156,10 @@ class Publisher:
                 ctx._register_cloudpickle_reducer(torch.Tensor, before)
 
     def publish(self, store, version: int) -> tuple[float, float]:
-        """(`weights.publish` seconds, of which in `weights.pack`)."""
-        pack, pack_s = weights.pack, []
-
-        def timed_pack(state):
-            t = time.perf_counter()
-            out = pack(state)
-            pack_s.append(time.perf_counter() - t)
-            return out
-
-        weights.pack = timed_pack  # `publish` looks `pack` up in its module at each call
-        try:
-            t0 = time.perf_counter()
-            weights.publish(store, version, self.state)
-            return time.perf_counter() - t0, pack_s[0]
-        finally:
-            weights.pack = pack
+        """(`weights.publish` seconds, 0: the copy into its buckets is not timed apart)."""
+        t0 = time.perf_counter()
+        weights.publish(store, version, self.state)
+        return time.perf_counter() - t0, 0.0
 
 
 @ray.remote(num_cpus=0)
@@ -195,10 +183,10 @@ class Reader:
 
     def get_weights(self, store, version: int) -> tuple[float, float]:
         """(fetch seconds, load seconds or 0)."""
-        latest, box, _ = ray.get(store.latest.remote())
+        latest, _, serial = ray.get(store.latest.remote())
         assert latest == version, (latest, version)
         t0 = time.perf_counter()
-        tensors = weights.fetch(box)
+        tensors = weights.fetch(store, version, serial)
         touch(t for _, t in tensors)
         t1 = time.perf_counter()
         if self.module is None:

@@ -310,6 +310,10 @@ class WeightSyncConfig:
     store (one contiguous buffer) and replicas on any node fetch it, late joiners included."""
     keep_versions: int = 2
     """Published versions kept alive for replicas still fetching an older one."""
+    bucket_mb: float = 256.0
+    """Size of a publish's buckets: consecutive layers of about this many MiB (a larger layer alone), put
+    in the object store by the trainer ranks in turn while the next are gathered; each publishing rank
+    holds two such host buffers beyond its model."""
     timeout_s: float = 300.0
     """How long the driver waits for every replica to serve a new version before failing the run."""
 
@@ -633,3 +637,4 @@ def validate(cfg: Config) -> None:
     for key, frac in (("rollout.gpu_fraction", r.gpu_fraction), ("trainer.gpu_fraction", t.gpu_fraction)):
         check(0.0 < frac <= 1.0, f"{key} must be in (0, 1], got {frac}")
     check(cfg.weight_sync.keep_versions >= 1, "weight_sync.keep_versions must be >= 1")
+    check(cfg.weight_sync.bucket_mb > 0, "weight_sync.bucket_mb must be > 0")

@@ -1,19 +1,31 @@
-"""Weight transport from the trainer to the rollout replicas, through the Ray object store.
+"""Weight transport from the trainer to the rollout replicas, through the Ray object store, streamed in
+buckets.
 
 Both sides call this module and nothing else of each other:
 
-* **trainer rank 0** `publish(store, version, state_dict)`: views every tensor's bytes as a uint8 numpy
-  array (no copy), `ray.put`s them as one object (numpy arrays go out of band: one copy, straight into
-  the object store, and readers map them without copying) and hands the reference to the run's
-  `WeightStore` actor;
+* **every trainer rank** puts the buckets it owns (`BucketSender`): a bucket is a run of consecutive
+  layers of about `weight_sync.bucket_mb` (`bucket_plan`; a larger layer is a bucket of its own), owned by
+  rank `index % world`. Under ZeRO-3 every rank gathers every layer anyway (a collective); the owner
+  copies the bucket's tensors into one of two reused host buffers (pinned on GPU), and a thread `ray.put`s
+  it (uint8 numpy views: out of band, one copy straight into the node's object store) and hands the
+  reference to the run's `WeightStore` (`add_bucket`) while the ranks gather the next bucket. Host copies
+  and network egress are spread over the trainer ranks, and no rank holds more than two buckets beyond
+  its model;
 * **each replica** `await store.wait_newer.remote(serial)`: a long poll that returns the moment a newer
-  publish happens (no polling interval on the critical path), with its version and serial;
-* **each vLLM worker of the replica** asks the store for that publish's reference itself
-  (`store.weights.remote(version, serial)`) and `fetch`es it: `unpack(ray.get(ref))` yields (name,
-  tensor) views of the arrays for vLLM's weight loader. Ray moves the buffer to the worker's node (object
-  transfer, no shared file system), once per node however many replicas live there. The reference must
-  come from a Ray call, never through vLLM's own messages to its workers (plain pickle, which drops the
-  reference's owner: its `ray.get` never returns).
+  publish *starts* (its first bucket is in), with its version, bucket count and serial;
+* **each replica** pulls every bucket to its node as soon as it is in (`RolloutServer._prefetch`: object
+  transfer, no shared file system, while the trainer still gathers the next buckets and while the engine
+  goes on decoding), then has its engine load the version;
+* **each vLLM worker of the replica** takes every bucket's reference from the store (`bucket_refs`), maps
+  them all from its node's object store, and feeds them to vLLM's weight loader. References come from Ray
+  calls only, never through vLLM's own messages to its workers (plain pickle, which drops a reference's
+  owner: its `ray.get` never returns).
+
+A version is switched atomically: a worker holds every bucket before it loads the first tensor (a
+publish dropped meanwhile, or a bucket whose owner died, loads nothing), and the engine loads all of them
+in one job between two decoding steps, so no forward pass sees two versions. The load itself therefore
+starts after the last bucket is in; what overlaps the trainer's gather is the put, the transfer to the
+replica's node and the replica's decoding.
 
 Replicas follow the store's publish serial, not the policy version: when Ray Train restarts the trainer
 workers from their last checkpoint, they publish that checkpoint's older version, and every replica
@@ -22,66 +34,139 @@ must go back to it (the versions published after it belong to steps that are tra
 A replica the autoscaler starts later asks the store for the latest version before its first request,
 so late joiners need nothing pushed to them. The store keeps the last `keep` versions alive (a slow
 replica may still be fetching the previous one) and records which version each replica serves, so the
-driver can wait until the whole fleet is on the new weights.
+driver can wait until the whole fleet is on the new weights. A bucket lives as long as the rank that put
+it (Ray's ownership): a replica that fetches after that rank died waits for the next publish.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-import warnings
 from dataclasses import dataclass
 
-import numpy as np
 import ray
 import torch
 
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    dtype: str  # torch dtype name, e.g. "bfloat16"
-    shape: tuple[int, ...]
+from dapo_ray.buckets import TensorSpec, aligned, bucket_plan, copy_into, spec_nbytes, unpack_bucket
 
 
-Payload = tuple[list[TensorSpec], list[np.ndarray]]
+class BucketSender:
+    """Puts one rank's buckets of one publish in the object store from a thread, while the caller
+    gathers the next: at most two host buffers, filled alternately (`buffer()` waits for a free one).
+
+        sender = BucketSender(store, version, publish_id, count, capacity, pinned)
+        buf = sender.buffer()               # uint8 host tensor of `capacity` bytes
+        ... copy tensors into buf, noting TensorSpecs with their byte offsets ...
+        sender.send(index, specs, buf)      # returns at once; the buffer comes back when put
+        sender.finish()                     # every bucket put and announced; returns the bytes sent
+    """
+
+    def __init__(self, store, version: int, publish_id: int, count: int, capacity: int, pinned: bool = False,
+                 buffers: int = 2) -> None:  # fmt: skip
+        import queue
+        import threading
+
+        self.store, self.version, self.publish_id, self.count = store, version, publish_id, count
+        self.nbytes = 0
+        self._free: queue.Queue = queue.Queue()
+        for buf in _host_buffers(capacity, pinned, buffers):
+            self._free.put(buf)
+        self._work: queue.Queue = queue.Queue()
+        self._error: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, name="weights-put", daemon=True)
+        self._thread.start()
+
+    def buffer(self) -> torch.Tensor:
+        buf = self._free.get()
+        if self._error:
+            raise self._error[0]
+        return buf
+
+    def send(self, index: int, specs: list[TensorSpec], buf: torch.Tensor) -> None:
+        self._work.put((index, specs, buf))
+
+    def finish(self) -> int:
+        self._work.put(None)
+        self._thread.join()
+        if self._error:
+            raise self._error[0]
+        return self.nbytes
+
+    def _run(self) -> None:
+        pending = []
+        while (item := self._work.get()) is not None:
+            index, specs, buf = item
+            if self._error:
+                self._free.put(buf)
+                continue
+            try:
+                used = max((sp.offset + spec_nbytes(sp) for sp in specs), default=0)
+                ref = ray.put((specs, buf[:used].numpy()))  # one copy into the object store, out of band
+                self._free.put(buf)
+                self.nbytes += used
+                pending.append(self.store.add_bucket.remote(self.version, self.publish_id, index, self.count, [ref]))
+            except BaseException as e:  # noqa: BLE001 - raised in the publishing rank
+                self._error.append(e)
+                self._free.put(buf)
+        try:
+            ray.get(pending)
+        except BaseException as e:  # noqa: BLE001
+            self._error.append(e)
 
 
-def pack(state: dict[str, torch.Tensor]) -> Payload:
-    """(specs, one uint8 numpy view of each tensor's bytes). No copy: `ray.put` copies each view straight
-    into the object store (numpy arrays travel out of band), and numpy holds any dtype's bytes, bfloat16
-    included. A staging buffer of the whole model would cost a second full copy per version."""
-    specs, arrays = [], []
-    for name, t in state.items():
-        t = t.detach().contiguous()
-        specs.append(TensorSpec(name, str(t.dtype).removeprefix("torch."), tuple(t.shape)))
-        arrays.append(t.view(-1).view(torch.uint8).numpy())
-    return specs, arrays
+_BUFFERS: dict[tuple[int, bool, int], list[torch.Tensor]] = {}
 
 
-def unpack(payload: Payload) -> list[tuple[str, torch.Tensor]]:
-    """(name, tensor) views of the arrays (no copy); read-only when they came from `ray.get`."""
-    specs, arrays = payload
-    with warnings.catch_warnings():  # the object store's buffers are read-only; the loader only reads
-        warnings.simplefilter("ignore", UserWarning)
-        return [
-            (s.name, torch.from_numpy(a).view(getattr(torch, s.dtype)).view(s.shape))
-            for s, a in zip(specs, arrays, strict=True)
-        ]
+def _host_buffers(nbytes: int, pinned: bool, count: int) -> list[torch.Tensor]:
+    """`count` host buffers of `nbytes`, the same ones from one publish to the next (pinning memory costs
+    far more than copying into it); only the latest size is kept."""
+    key = (nbytes, pinned, count)
+    if key not in _BUFFERS:
+        _BUFFERS.clear()
+        _BUFFERS[key] = [torch.empty(max(nbytes, 1), dtype=torch.uint8, pin_memory=pinned) for _ in range(count)]
+    return _BUFFERS[key]
 
 
-def publish(store, version: int, state: dict[str, torch.Tensor]) -> int:
-    """Put the weights in the object store as `version` and tell the store; returns the bytes sent. The
-    object store holds its own copy once this returns, so training may change `state` afterwards."""
-    specs, arrays = pack(state)
-    ref = ray.put((specs, arrays))
-    ray.get(store.publish.remote(version, [ref]))  # in a list: the store keeps the reference, not the value
-    return sum(a.nbytes for a in arrays)
+def publish(store, version: int, state: dict[str, torch.Tensor], bucket_mb: float = 256.0,
+            publish_id: int | None = None) -> int:  # fmt: skip
+    """Publish `state` as `version` from this one process, in buckets (what the trainer's ranks do
+    together, `trainer.publish`); returns the bytes sent. The object store holds its own copy once this
+    returns, so training may change `state` afterwards."""
+    import random
+
+    items = list(state.items())
+    sizes = [aligned(t.numel() * t.element_size()) for _, t in items]
+    plan = bucket_plan(sizes, int(bucket_mb * 2**20))
+    capacity = max((sum(sizes[i] for i in b) for b in plan), default=1)
+    pid = random.getrandbits(52) if publish_id is None else publish_id
+    sender = BucketSender(store, version, pid, len(plan), capacity)
+    for k, bucket in enumerate(plan):
+        buf, offset, specs = sender.buffer(), 0, []
+        for i in bucket:
+            spec, offset = copy_into(buf, offset, *items[i])
+            specs.append(spec)
+        sender.send(k, specs, buf)
+    return sender.finish()
 
 
-def fetch(ref_box: list) -> list[tuple[str, torch.Tensor]]:
-    """The weights behind a published reference, on this node."""
-    return unpack(ray.get(ref_box[0]))
+def bucket_refs(store, version: int, serial: int, timeout_s: float = 600.0) -> list | None:
+    """The references of every bucket of publish `serial` (policy `version`), in order, waiting for those
+    still being published; None when the store does not hold that publish (a later one dropped it)."""
+    count = ray.get(store.bucket_count.remote(version, serial))
+    if not count:
+        return None
+    boxes = ray.get([store.bucket.remote(version, serial, k, timeout_s) for k in range(count)])
+    refs = [box[0] for box in boxes]
+    return None if any(r is None for r in refs) else refs
+
+
+def fetch(store, version: int, serial: int) -> list[tuple[str, torch.Tensor]]:
+    """All tensors of a publish (views of its buckets on this node); raises `Superseded` when the store
+    no longer holds it."""
+    refs = bucket_refs(store, version, serial)
+    if refs is None:
+        raise Superseded(f"weight publish {serial} (policy version {version}) is no longer held by the weight store")
+    return [item for ref in refs for item in unpack_bucket(ray.get(ref))]
 
 
 class Superseded(RuntimeError):
@@ -89,56 +174,84 @@ class Superseded(RuntimeError):
     versions since, or a trainer restarted from a checkpoint). Nothing was loaded; load the latest."""
 
 
+@dataclass
+class _Publish:
+    version: int
+    serial: int
+    count: int
+    refs: dict[int, ray.ObjectRef]
+
+
 @ray.remote(num_cpus=0)
 class WeightStore:
-    """The latest published weights (version, object reference, serial) and what each replica serves."""
+    """The published weights (version, buckets, serial) and what each replica serves."""
 
     def __init__(self, keep: int = 2) -> None:
         self.keep = keep
         self.version = 0
         self.serial = 0  # publishes so far
-        self.refs: dict[int, ray.ObjectRef] = {}
+        self.publishes: dict[int, _Publish] = {}  # publish id -> its buckets so far
+        self.latest_id: int | None = None
         self.serials: dict[int, int] = {}  # version -> serial of its latest publish
         self.replicas: dict[str, tuple[int, int, float]] = {}  # replica -> (version, serial, time of last ack)
         self.load_s: dict[str, float] = {}  # replica -> seconds its latest load took
         self.changed = asyncio.Condition()
 
-    async def publish(self, version: int, ref_box: list) -> None:
-        """`version`'s weights; a version older than the latest is a trainer restarted from a checkpoint,
-        and the versions after it are dropped."""
+    async def add_bucket(self, version: int, publish_id: int, index: int, count: int, ref_box: list) -> None:
+        """Bucket `index` of `count` of publish `publish_id` (policy `version`); the first bucket of a new
+        publish starts it (a new serial, which wakes `wait_newer`). A version older than the latest is a
+        trainer restarted from a checkpoint, and the versions after it are dropped."""
         async with self.changed:
-            self.serial += 1
-            self.version = version
-            self.refs[version] = ref_box[0]
-            self.serials[version] = self.serial
-            for old in [v for v in self.refs if v <= version - self.keep or v > version]:
-                del self.refs[old]  # the object is freed once no replica still reads it
-            self.serials = {v: s for v, s in self.serials.items() if v <= version}
+            pub = self.publishes.get(publish_id)
+            if pub is None:
+                self.serial += 1
+                self.version = version
+                pub = self.publishes[publish_id] = _Publish(version, self.serial, count, {})
+                self.latest_id = publish_id
+                self.serials[version] = self.serial
+                self.serials = {v: x for v, x in self.serials.items() if v <= version}
+                for pid in [p for p, x in self.publishes.items() if x.version <= version - self.keep or x.version > version
+                            or (x.version == version and p != publish_id)]:  # fmt: skip
+                    del self.publishes[pid]  # its objects are freed once no replica still reads them
+            pub.refs[index] = ref_box[0]
             self.changed.notify_all()
+
+    def _held(self, version: int, serial: int) -> _Publish | None:
+        return next((p for p in self.publishes.values() if p.version == version and p.serial == serial), None)
 
     async def kept(self) -> list[int]:
         """Versions whose weights are still held."""
-        return sorted(self.refs)
+        return sorted({p.version for p in self.publishes.values()})
 
     async def latest(self) -> tuple[int, list, int]:
-        """(version, [reference], serial); ([None] and serial 0 before the first publish)."""
-        return self.version, [self.refs.get(self.version)], self.serial
+        """(version, [bucket count], serial); ([None] and serial 0 before the first publish)."""
+        pub = self.publishes.get(self.latest_id)
+        return self.version, [None if pub is None else pub.count], self.serial
 
-    async def weights(self, version: int, serial: int) -> list:
-        """[reference] of publish `serial` of `version` while the store holds it, else [None] (a later
-        publish dropped it, or published `version` again)."""
-        held = version in self.refs and self.serials.get(version) == serial
-        return [self.refs[version] if held else None]
+    async def bucket_count(self, version: int, serial: int) -> int | None:
+        pub = self._held(version, serial)
+        return None if pub is None else pub.count
+
+    async def bucket(self, version: int, serial: int, index: int, timeout_s: float) -> list:
+        """[reference] of bucket `index` of publish `serial` of `version`, as soon as it is in; [None] if
+        the store does not hold that publish (a later one dropped it) or after `timeout_s`."""
+        async with self.changed:
+            try:
+                await asyncio.wait_for(self.changed.wait_for(
+                    lambda: (p := self._held(version, serial)) is None or index in p.refs), timeout_s)  # fmt: skip
+            except TimeoutError:
+                return [None]
+            pub = self._held(version, serial)
+            return [None if pub is None else pub.refs[index]]
 
     async def wait_newer(self, serial: int, timeout_s: float) -> tuple[int, list, int]:
-        """`latest()` as soon as a publish comes after `serial`, or after `timeout_s` whatever it is."""
+        """`latest()` as soon as a publish starts after `serial`, or after `timeout_s` whatever it is."""
         async with self.changed:
             try:
                 await asyncio.wait_for(self.changed.wait_for(lambda: self.serial > serial), timeout_s)
             except TimeoutError:
                 pass
         return await self.latest()
-
     async def ack(self, replica: str, version: int, serial: int, load_s: float = 0.0) -> None:
         async with self.changed:
             self.replicas[replica] = (version, serial, time.time())

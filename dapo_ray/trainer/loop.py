@@ -245,15 +245,41 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
     return metrics
 
 
-def publish_weights(engine, version: int, store, zero_stage: int, rank: int) -> tuple[float, int]:
-    """Every rank gathers the weights layer by layer (ZeRO-3: a collective, peak extra memory one layer);
-    rank 0 puts them in the object store as `version` (`dapo_ray.weights`). Returns (seconds, bytes)."""
-    from dapo_ray import weights
-    from dapo_ray.trainer.zero import full_state_dict_cpu
+def publish_weights(engine, version: int, store, cfg: Config, rank: int, world: int) -> tuple[float, int]:
+    """Publish the weights as `version`, bucket by bucket (`dapo_ray.weights`): every rank gathers every
+    layer (ZeRO-3: a collective, one layer of extra accelerator memory), and the owner of each bucket
+    (rank `index % world`) copies it into a reused host buffer and puts it in the object store from a
+    thread while the ranks gather the next. Returns (seconds, bytes this rank put)."""
+    import random
+
+    from dapo_ray import buckets, weights
+    from dapo_ray.trainer.zero import full_nbytes, gathered, layer_groups
 
     t0 = time.time()
-    state = full_state_dict_cpu(engine.module.lm, zero_stage, rank)
-    nbytes = weights.publish(store, version, state) if rank == 0 else 0
+    device = engine.device
+    groups = layer_groups(engine.module.lm)
+    sizes = [sum(buckets.aligned(full_nbytes(t)) for _, t in g) for g in groups]
+    plan = buckets.bucket_plan(sizes, int(cfg.weight_sync.bucket_mb * 2**20))
+    capacity = max(sum(sizes[i] for i in b) for b in plan)
+    # One id for this publish on every rank: rank 0's, summed with the others' zeros.
+    mine_id = float(random.getrandbits(52)) if rank == 0 else 0.0
+    publish_id = int(collective.all_reduce(torch.tensor([mine_id], dtype=torch.float64), device).item())
+    pinned = torch.device(device).type == "cuda"
+    sender = weights.BucketSender(store, version, publish_id, len(plan), capacity, pinned=pinned)
+    for k, bucket in enumerate(plan):
+        mine = k % world == rank
+        buf, offset, specs = (sender.buffer() if mine else None), 0, []
+        for i in bucket:
+            with gathered(groups[i], cfg.trainer.zero_stage) as members:
+                if mine:
+                    for name, t in members:
+                        spec, offset = buckets.copy_into(buf, offset, name, t)
+                        specs.append(spec)
+                    if pinned:
+                        torch.cuda.synchronize(device)  # the copies into pinned memory are asynchronous
+        if mine:
+            sender.send(k, specs, buf)
+    nbytes = sender.finish()
     return time.time() - t0, nbytes
 
 
@@ -342,7 +368,7 @@ def train_loop(params: dict) -> None:
 
         driver_state = restore(engine, ckpt, tag="ckpt").driver_state
         step = driver_state["step"]
-    publish_weights(engine, step, store, t.zero_stage, rank)
+    publish_weights(engine, step, store, cfg, rank, world)
     if rank == 0:  # after a restart by Ray Train too: the driver goes back to this step and driver_state
         ray.get(channel.put_result.remote({"kind": "ready", "step": step, "driver_state": driver_state}))
     collective.barrier(engine.device)  # no rank takes a shard before the channel has heard "ready"
@@ -360,7 +386,8 @@ def train_loop(params: dict) -> None:
         step += 1
         exported.trained(step, metrics.pop("local/tokens"), metrics["timing/old_logprob_s"], metrics["timing/update_s"])
         t1 = time.time()
-        sync_s, sync_bytes = publish_weights(engine, step, store, t.zero_stage, rank)
+        sync_s, sync_bytes = publish_weights(engine, step, store, cfg, rank, world)
+        sync_bytes = int(collective.all_reduce(torch.tensor([float(sync_bytes)], dtype=torch.float64), engine.device).item())
         metrics |= {"step": step, "timing/weight_sync_s": time.time() - t1 if rank == 0 else 0.0,
                     "weight_sync/bytes": sync_bytes, "weight_sync/publish_s": sync_s}  # fmt: skip
         if params.get("probe_ids"):  # every rank runs it: under ZeRO-3 a forward is a collective

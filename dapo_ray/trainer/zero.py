@@ -155,6 +155,31 @@ def gathered_layers(
         yield out
 
 
+def layer_groups(module: torch.nn.Module) -> list[list[tuple[str, torch.Tensor]]]:
+    """`module.state_dict()` entries grouped as `gathered_layers` gathers them (one decoder layer, or one
+    other entry), in order; parameters stay partitioned (see `full_nbytes`)."""
+    groups: dict[str, list[tuple[str, torch.Tensor]]] = {}
+    for name, tensor in module.state_dict(keep_vars=True).items():
+        groups.setdefault(_group_of(name), []).append((name, tensor))
+    return list(groups.values())
+
+
+def full_nbytes(tensor: torch.Tensor) -> int:
+    """Bytes of the whole tensor, also when ZeRO-3 holds only a partition of it."""
+    return int(getattr(tensor, "ds_numel", tensor.numel())) * tensor.element_size()
+
+
+@contextlib.contextmanager
+def gathered(members: list[tuple[str, torch.Tensor]], zero_stage: int):
+    """Inside the block, the group's parameters are whole on every rank (ZeRO-3: a collective, which every
+    rank must enter in step); yields (name, tensor) on the accelerator, to be copied before the block ends."""
+    import deepspeed
+
+    params = [t for _, t in members if isinstance(t, torch.nn.Parameter)]
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None, enabled=zero_stage == 3 and bool(params)):
+        yield [(name, t.detach()) for name, t in members]
+
+
 def full_state_dict_cpu(
     module: torch.nn.Module, zero_stage: int, rank: int
 ) -> dict[str, torch.Tensor] | None:

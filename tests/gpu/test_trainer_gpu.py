@@ -155,7 +155,48 @@ def test_zero3_bf16_steps_and_the_layer_gather_on_one_gpu(one_rank_nccl):
     changed = [k for k, v in state.items() if not torch.equal(v, initial[k])]
     assert len(changed) > len(state) // 2, f"only {len(changed)} of {len(state)} tensors changed"
     nbytes = sum(v.numel() * v.element_size() for v in state.values())
+    figures |= _bucketed_copy(engine, t.zero_stage, state, cfg.weight_sync.bucket_mb)
     figures |= {"gather_s": round(gather_s, 3), "gather_GB": round(nbytes / 1e9, 3),
                 "gather_GBps": round(nbytes / 1e9 / gather_s, 2),
                 "peak_gpu_GiB": round(torch.cuda.max_memory_allocated() / 2**30, 2)}  # fmt: skip
     print("[gpu-trainer] " + json.dumps(figures), flush=True)
+
+
+def _bucketed_copy(engine, zero_stage: int, state: dict, bucket_mb: float) -> dict:
+    """What one publishing rank does on a GPU (`trainer.loop.publish_weights`) up to the object store: the
+    layers gathered bucket by bucket and copied into two reused pinned host buffers, in turn. Checks the
+    buffers hold the gathered weights; returns its time and rate."""
+    from dapo_ray import buckets
+    from dapo_ray.trainer.zero import full_nbytes, gathered, layer_groups
+
+    groups = layer_groups(engine.module.lm)
+    sizes = [sum(buckets.aligned(full_nbytes(x)) for _, x in g) for g in groups]
+    plan = buckets.bucket_plan(sizes, int(bucket_mb * 2**20))
+    capacity = max(sum(sizes[i] for i in b) for b in plan)
+    buffers = [torch.empty(capacity, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+
+    def copy_all(check: bool) -> float:
+        torch.cuda.synchronize()
+        t0 = time.time()
+        for k, bucket in enumerate(plan):
+            buf, offset, specs = buffers[k % 2], 0, []
+            for i in bucket:
+                with gathered(groups[i], zero_stage) as members:
+                    for name, x in members:
+                        spec, offset = buckets.copy_into(buf, offset, name, x)
+                        specs.append(spec)
+            torch.cuda.synchronize()
+            for name, x in buckets.unpack_bucket((specs, buf[:offset].numpy())) if check else ():
+                assert torch.equal(x, state[name]), name
+        return time.time() - t0
+
+    seconds = copy_all(check=False)
+    copy_all(check=True)  # untimed: every bucket held the gathered weights
+    return {
+        "bucket_mb": bucket_mb,
+        "buckets": len(plan),
+        "bucketed_copy_s": round(seconds, 3),
+        "bucketed_copy_GBps": round(
+            sum(v.numel() * v.element_size() for v in state.values()) / 1e9 / seconds, 2
+        ),
+    }

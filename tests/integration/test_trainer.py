@@ -61,6 +61,23 @@ def _worker(params: dict) -> None:
     metrics = train_step(engine, ref, params["shards"][rank], 5, cfg, ctx.get_world_size())
     metrics["ref_loaded"] = float(ref is not None)
     weights = full_state_dict_cpu(engine.module.lm, cfg.trainer.zero_stage, rank)  # every rank: a collective
+    if params.get("store"):  # publish as version 6, and read it back while its owners (the ranks) live
+        import ray
+
+        from dapo_ray import weights as transport
+        from dapo_ray.trainer import collective
+        from dapo_ray.trainer.loop import publish_weights
+
+        store = transport.get_store(params["store"])
+        _, nbytes = publish_weights(engine, 6, store, cfg, rank, ctx.get_world_size())
+        metrics[f"published_bytes_rank{rank}"] = nbytes
+        metrics["published_bytes_rank1"] = collective.all_reduce(torch.tensor([float(nbytes * rank)]), engine.device).item()
+        if rank == 0:
+            version, count, serial = ray.get(store.latest.remote())
+            read = dict(transport.fetch(store, version, serial))
+            metrics["published"] = {"version": version, "buckets": count[0], "names": list(read) == list(weights),
+                                    "equal": all(torch.equal(read[k], weights[k]) for k in weights)}  # fmt: skip
+        collective.barrier(engine.device)  # rank 1 owns buckets that rank 0 reads
     if rank == 0:  # the test runs on this machine: a file is the simplest way back
         Path(params["out"]).write_text(json.dumps(metrics))
         torch.save(weights, Path(params["out"]).with_suffix(".pt"))
@@ -77,7 +94,7 @@ def shards_of(cfg, batch: list[dict]) -> list[list[dict]]:
     return build_shards(batch, 2, t.mini_batch_size, t.micro_batch_size, seed=0, micro_batch_tokens=t.micro_batch_tokens)
 
 
-def run_step(model_dir, tmp_path, overrides: list[str], batch: list[dict] | None = None) -> dict:
+def run_step(model_dir, tmp_path, overrides: list[str], batch: list[dict] | None = None, store: str = "") -> dict:
     """One train_step at version 5 on `batch` (default: `samples(32, 5)`) on 2 ranks; rank 0's metrics, and
     the weights after it under "weights"."""
     import ray.cloudpickle
@@ -90,7 +107,7 @@ def run_step(model_dir, tmp_path, overrides: list[str], batch: list[dict] | None
     shards = shards_of(cfg, batch or samples(32, current_version=5))
     name = "step-" + "-".join(o.split("=")[1] for o in overrides)
     out = tmp_path / f"{name}.json"
-    trainer = TorchTrainer(_worker, train_loop_config={"config": cfg, "shards": shards, "out": str(out)},
+    trainer = TorchTrainer(_worker, train_loop_config={"config": cfg, "shards": shards, "out": str(out), "store": store},
                            scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
                            run_config=RunConfig(name=name, storage_path=str(tmp_path)))  # fmt: skip
     trainer.fit()
@@ -115,6 +132,26 @@ def test_epochs_kl_and_grad_norm_under_every_zero_stage(random_model, ray_cluste
     assert by_stage[0]["actor/grad_norm"] == pytest.approx(by_stage[1]["actor/grad_norm"], rel=1e-4)
     assert by_stage[3]["actor/grad_norm"] == pytest.approx(by_stage[1]["actor/grad_norm"], rel=1e-4)
     assert by_stage[3]["actor/entropy"] == pytest.approx(by_stage[1]["actor/entropy"], rel=1e-5)
+
+
+def test_every_rank_publishes_its_buckets_and_a_reader_gets_the_whole_model(random_model, ray_cluster, tmp_path):
+    """The publish after a step (`publish_weights`) under ZeRO-3 on 2 ranks, in buckets of 10 KiB: each rank
+    puts every other bucket, and what a reader fetches from the store is the trained model, every tensor."""
+    import ray
+
+    from dapo_ray import weights
+
+    store = weights.create_store("weights-test-trainer-publish")
+    try:
+        m = run_step(random_model, tmp_path, ["trainer.zero_stage=3", "weight_sync.bucket_mb=0.01"],
+                     store="weights-test-trainer-publish")  # fmt: skip
+    finally:
+        ray.kill(store)
+    total = sum(t.numel() * t.element_size() for t in m["weights"].values())
+    assert m["published"]["version"] == 6 and m["published"]["buckets"] >= 4
+    assert m["published"]["names"] and m["published"]["equal"]
+    assert m["published_bytes_rank0"] > 0 and m["published_bytes_rank1"] > 0  # both ranks published
+    assert m["published_bytes_rank0"] + m["published_bytes_rank1"] >= total
 
 
 def test_one_epoch_and_no_reference_without_kl(random_model, ray_cluster, tmp_path):

@@ -11,22 +11,23 @@ from dapo_ray import weights
 
 @ray.remote(num_cpus=0)
 class Publisher:
-    """Stands where trainer rank 0 stands: it owns the published objects."""
+    """Stands where the trainer ranks stand: it owns the published objects. Buckets of 64 KiB: "w" (256 KiB)
+    alone, "b" in a second bucket."""
 
     def publish(self, store, version: int, value: float) -> int:
-        return weights.publish(store, version, {"w": torch.full((256, 256), value), "b": torch.arange(5.0)})
-
-
-@ray.remote(num_cpus=0)
-def read(ref_box: list) -> float:
-    return float(dict(weights.fetch(ref_box))["w"][0, 0])
+        state = {"w": torch.full((256, 256), value), "b": torch.arange(5.0)}
+        return weights.publish(store, version, state, bucket_mb=1 / 16)
 
 
 @ray.remote(num_cpus=0)
 def read_published(store_name: str, version: int, serial: int) -> float | None:
-    """What a vLLM worker does: given plain values only, ask the store for the reference and fetch it."""
-    ref_box = ray.get(weights.get_store(store_name).weights.remote(version, serial))
-    return None if ref_box[0] is None else float(dict(weights.fetch(ref_box))["w"][0, 0])
+    """What a vLLM worker does: given plain values only, ask the store for the buckets and fetch them."""
+    try:
+        out = dict(weights.fetch(weights.get_store(store_name), version, serial))
+    except weights.Superseded:
+        return None
+    assert torch.equal(out["b"], torch.arange(5.0))
+    return float(out["w"][0, 0])
 
 
 def store_name(request) -> str:
@@ -40,7 +41,7 @@ def store(ray_cluster, request):
     ray.kill(s)
 
 
-def test_a_waiting_replica_gets_the_new_version_as_soon_as_it_is_published(store):
+def test_a_waiting_replica_gets_the_new_version_as_soon_as_it_is_published(store, request):
     publisher = Publisher.remote()
     ray.get(publisher.__ray_ready__.remote())  # its start-up (seconds on a loaded machine) is not timed
     waiting = store.wait_newer.remote(0, 30.0)
@@ -48,22 +49,22 @@ def test_a_waiting_replica_gets_the_new_version_as_soon_as_it_is_published(store
     t0 = time.time()
     nbytes = ray.get(publisher.publish.remote(store, 1, 3.0))
     version, box, serial = ray.get(waiting)
-    assert (version, serial) == (1, 1) and time.time() - t0 < 5.0  # not the 30 s timeout
+    assert (version, box, serial) == (1, [2], 1) and time.time() - t0 < 5.0  # two buckets; not the 30 s timeout
     assert nbytes == 256 * 256 * 4 + 5 * 4
-    assert ray.get(read.remote(box)) == 3.0  # another process reads it from the object store
+    assert ray.get(read_published.remote(store_name(request), 1, 1)) == 3.0  # another process reads it
 
 
 def test_wait_newer_times_out_with_the_current_version(store):
     assert ray.get(store.wait_newer.remote(0, 0.2)) == (0, [None], 0)
 
 
-def test_the_store_keeps_the_last_versions_only(store):
+def test_the_store_keeps_the_last_versions_only(store, request):
     publisher = Publisher.remote()
     for v in (1, 2, 3):
         ray.get(publisher.publish.remote(store, v, float(v)))
     assert ray.get(store.kept.remote()) == [2, 3]
     version, box, serial = ray.get(store.latest.remote())
-    assert (version, serial) == (3, 3) and ray.get(read.remote(box)) == 3.0
+    assert (version, serial) == (3, 3) and ray.get(read_published.remote(store_name(request), 3, 3)) == 3.0
 
 
 def test_wait_synced_returns_when_every_live_replica_acknowledged(store):
@@ -78,7 +79,7 @@ def test_wait_synced_returns_when_every_live_replica_acknowledged(store):
     assert ray.get(store.wait_synced.remote(1, 3, 0.3)) is None  # a third replica has not been heard from
 
 
-def test_a_restarted_trainer_takes_the_replicas_back_to_its_checkpoint(store):
+def test_a_restarted_trainer_takes_the_replicas_back_to_its_checkpoint(store, request):
     """Ray Train restarted the workers from the checkpoint of step 2 after they had published 3 and 4:
     version 2 is published again, the later versions are dropped, and a replica is synced to 2 only once
     it serves that new publish, not the version 2 it served before nor the 4 it serves now."""
@@ -89,7 +90,7 @@ def test_a_restarted_trainer_takes_the_replicas_back_to_its_checkpoint(store):
     ray.get(publisher.publish.remote(store, 2, 2.5))  # the checkpoint's weights, serial 5
     assert ray.get(store.kept.remote()) == [2]  # 3 and 4 are dropped
     version, box, serial = ray.get(store.latest.remote())
-    assert (version, serial) == (2, 5) and ray.get(read.remote(box)) == 2.5
+    assert (version, serial) == (2, 5) and ray.get(read_published.remote(store_name(request), 2, 5)) == 2.5
     assert ray.get(store.wait_newer.remote(4, 0.2))[2] == 5  # a replica on serial 4 is told at once
     assert ray.get(store.wait_synced.remote(2, 1, 0.3)) is None  # "a" still serves version 4
     ray.get(store.ack.remote("a", 2, 3))  # version 2 as first published: not the checkpoint's
@@ -112,6 +113,25 @@ def test_a_worker_given_plain_values_fetches_the_publish_while_the_store_holds_i
     ray.get(publisher.publish.remote(store, 3, 3.0))  # keep=2: version 1 is dropped
     assert ray.get(read_published.remote(name, 1, 1)) is None
     ray.get(publisher.publish.remote(store, 2, 2.5))  # a trainer restarted from step 2's checkpoint
-    assert ray.get(store.weights.remote(2, 2)) == [None]  # version 2 as first published is gone
-    assert ray.get(store.weights.remote(3, 3)) == [None]  # and so is the step after it
+    assert ray.get(store.bucket.remote(2, 2, 0, 0.2)) == [None]  # version 2 as first published is gone
+    assert ray.get(store.bucket.remote(3, 3, 0, 0.2)) == [None]  # and so is the step after it
     assert ray.get(read_published.remote(name, 2, 4)) == 2.5
+
+
+def test_a_replica_gets_the_first_bucket_while_the_rest_is_still_being_published(store):
+    """A publish starts with its first bucket: `wait_newer` wakes then, and `bucket` waits for the others
+    (as a replica pulls bucket k while the trainer gathers bucket k + 1)."""
+    owner = Publisher.remote()
+    ray.get(owner.__ray_ready__.remote())
+    first = ray.put((([weights.TensorSpec("w", "float32", (2,), 0)]), torch.ones(2).view(torch.uint8).numpy()))
+    ray.get(store.add_bucket.remote(1, 77, 0, 2, [first]))
+    assert ray.get(store.wait_newer.remote(0, 5.0)) == (1, [2], 1)
+    later = store.bucket.remote(1, 1, 1, 30.0)
+    assert ray.get(store.bucket.remote(1, 1, 0, 1.0))[0] is not None
+    ready, _ = ray.wait([later], timeout=0.5)
+    assert not ready  # bucket 1 is not in yet
+    second = ray.put((([weights.TensorSpec("b", "float32", (1,), 0)]), torch.zeros(1).view(torch.uint8).numpy()))
+    ray.get(store.add_bucket.remote(1, 77, 1, 2, [second]))
+    assert ray.get(later)[0] is not None
+    out = dict(weights.fetch(store, 1, 1))
+    assert out["w"].tolist() == [1.0, 1.0] and out["b"].tolist() == [0.0]

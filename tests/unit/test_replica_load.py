@@ -27,6 +27,7 @@ class Store:
         self.acks: list[tuple] = []
         self.latest = Remote(lambda: latest)
         self.ack = Remote(lambda *a: self.acks.append(a))
+        self.bucket_count = Remote(lambda version, serial: 0)  # nothing to pull ahead here
 
 
 class Engine:
