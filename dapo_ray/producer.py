@@ -170,9 +170,9 @@ class Producer:
         """Add generated groups to the filter; with `resample`, those it would drop as too old go back
         to the queue instead."""
         if self.resample:
-            old = [g for g in groups if filler.too_old(g["keep"], g["policy_version"])]
-            self._requeue([g["draw"] for g in old])
-            groups = [g for g in groups if not filler.too_old(g["keep"], g["policy_version"])]
+            old = {g["draw"] for g in groups if filler.too_old(g["keep"], g["policy_version"])}
+            self._requeue(sorted(old))
+            groups = [g for g in groups if g["draw"] not in old]
         filler.add(groups, keep=[g["keep"] for g in groups], versions=[g["policy_version"] for g in groups],
                    new_round=new_round)  # fmt: skip
 

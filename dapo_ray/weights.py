@@ -41,6 +41,7 @@ it (Ray's ownership): a replica that fetches after that rank died waits for the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -127,26 +128,43 @@ def _host_buffers(nbytes: int, pinned: bool, count: int) -> list[torch.Tensor]:
     return _BUFFERS[key]
 
 
+def send_buckets(store, version: int, publish_id: int, groups: list, sizes: list[int], bucket_mb: float,
+                 open_group=None, rank: int = 0, world: int = 1, pinned: bool = False) -> int:  # fmt: skip
+    """Publish `groups` (lists of (name, tensor); `sizes[i]`: group i's room in a bucket, `aligned` bytes
+    per tensor) as `version`, in buckets of consecutive groups, of which this rank puts those it owns
+    (`index % world`); returns the bytes it put. `open_group(i)`, a context manager giving group i's
+    (name, tensor) pairs, is entered for every group on every rank, in order (the trainer's ZeRO-3 gather,
+    a collective); the tensors are copied into the host buffer inside it. Default: the tensors as given."""
+    plan = bucket_plan(sizes, int(bucket_mb * 2**20))
+    capacity = max((sum(sizes[i] for i in b) for b in plan), default=1)
+    sender = BucketSender(store, version, publish_id, len(plan), capacity, pinned=pinned)
+    for k, bucket in enumerate(plan):
+        mine = k % world == rank
+        buf, offset, specs = (sender.buffer() if mine else None), 0, []
+        for i in bucket:
+            with open_group(i) if open_group else contextlib.nullcontext(groups[i]) as members:
+                if mine:
+                    for name, t in members:
+                        spec, offset = copy_into(buf, offset, name, t)
+                        specs.append(spec)
+                    if pinned:
+                        torch.cuda.synchronize()  # the copies into pinned memory are asynchronous
+        if mine:
+            sender.send(k, specs, buf)
+    return sender.finish()
+
+
 def publish(store, version: int, state: dict[str, torch.Tensor], bucket_mb: float = 256.0,
             publish_id: int | None = None) -> int:  # fmt: skip
     """Publish `state` as `version` from this one process, in buckets (what the trainer's ranks do
-    together, `trainer.publish`); returns the bytes sent. The object store holds its own copy once this
-    returns, so training may change `state` afterwards."""
+    together, `trainer.loop.publish_weights`); returns the bytes sent. The object store holds its own copy
+    once this returns, so training may change `state` afterwards."""
     import random
 
-    items = list(state.items())
-    sizes = [aligned(t.numel() * t.element_size()) for _, t in items]
-    plan = bucket_plan(sizes, int(bucket_mb * 2**20))
-    capacity = max((sum(sizes[i] for i in b) for b in plan), default=1)
+    groups = [[(name, t)] for name, t in state.items()]
+    sizes = [aligned(t.numel() * t.element_size()) for _, t in state.items()]
     pid = random.getrandbits(52) if publish_id is None else publish_id
-    sender = BucketSender(store, version, pid, len(plan), capacity)
-    for k, bucket in enumerate(plan):
-        buf, offset, specs = sender.buffer(), 0, []
-        for i in bucket:
-            spec, offset = copy_into(buf, offset, *items[i])
-            specs.append(spec)
-        sender.send(k, specs, buf)
-    return sender.finish()
+    return send_buckets(store, version, pid, groups, sizes, bucket_mb)
 
 
 def bucket_refs(store, version: int, serial: int, timeout_s: float = 600.0) -> list | None:

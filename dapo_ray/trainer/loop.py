@@ -256,30 +256,14 @@ def publish_weights(engine, version: int, store, cfg: Config, rank: int, world: 
     from dapo_ray.trainer.zero import full_nbytes, gathered, layer_groups
 
     t0 = time.time()
-    device = engine.device
     groups = layer_groups(engine.module.lm)
     sizes = [sum(buckets.aligned(full_nbytes(t)) for _, t in g) for g in groups]
-    plan = buckets.bucket_plan(sizes, int(cfg.weight_sync.bucket_mb * 2**20))
-    capacity = max(sum(sizes[i] for i in b) for b in plan)
     # One id for this publish on every rank: rank 0's, summed with the others' zeros.
     mine_id = float(random.getrandbits(52)) if rank == 0 else 0.0
-    publish_id = int(collective.all_reduce(torch.tensor([mine_id], dtype=torch.float64), device).item())
-    pinned = torch.device(device).type == "cuda"
-    sender = weights.BucketSender(store, version, publish_id, len(plan), capacity, pinned=pinned)
-    for k, bucket in enumerate(plan):
-        mine = k % world == rank
-        buf, offset, specs = (sender.buffer() if mine else None), 0, []
-        for i in bucket:
-            with gathered(groups[i], cfg.trainer.zero_stage) as members:
-                if mine:
-                    for name, t in members:
-                        spec, offset = buckets.copy_into(buf, offset, name, t)
-                        specs.append(spec)
-                    if pinned:
-                        torch.cuda.synchronize(device)  # the copies into pinned memory are asynchronous
-        if mine:
-            sender.send(k, specs, buf)
-    nbytes = sender.finish()
+    publish_id = int(collective.all_reduce(torch.tensor([mine_id], dtype=torch.float64), engine.device).item())
+    nbytes = weights.send_buckets(store, version, publish_id, groups, sizes, cfg.weight_sync.bucket_mb,
+                                  open_group=lambda i: gathered(groups[i], cfg.trainer.zero_stage), rank=rank,
+                                  world=world, pinned=torch.device(engine.device).type == "cuda")  # fmt: skip
     return time.time() - t0, nbytes
 
 

@@ -141,17 +141,9 @@ def gathered_layers(
     elements, default 1e5, gathered between steps) come out partitioned like the rest; the engine
     gathers them again at its next forward.
     """
-    import deepspeed
-
-    groups: dict[str, list[tuple[str, torch.Tensor]]] = {}
-    for name, tensor in module.state_dict(keep_vars=True).items():
-        groups.setdefault(_group_of(name), []).append((name, tensor))
-    for members in groups.values():
-        params = [t for _, t in members if isinstance(t, torch.nn.Parameter)]
-        with deepspeed.zero.GatheredParameters(
-            params, modifier_rank=None, enabled=zero_stage == 3 and bool(params)
-        ):
-            out = [(name, t.detach().to("cpu", copy=True)) for name, t in members] if rank == 0 else []
+    for members in layer_groups(module):
+        with gathered(members, zero_stage) as whole:
+            out = [(name, t.to("cpu", copy=True)) for name, t in whole] if rank == 0 else []
         yield out
 
 
