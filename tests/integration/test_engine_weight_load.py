@@ -37,6 +37,15 @@ class Trainer:
     def publish(self, store, version: int, state: dict[str, torch.Tensor]) -> int:
         return weights.publish(store, version, state)
 
+    def send(self, store, version: int, publish_id: int, state: dict[str, torch.Tensor], bucket_mb: float,
+             rank: int, world: int) -> int:  # fmt: skip
+        """Only the buckets rank `rank` of `world` would put (`k % world == rank`)."""
+        from dapo_ray.buckets import aligned
+
+        groups = [[(k, v)] for k, v in state.items()]
+        sizes = [aligned(v.numel() * v.element_size()) for v in state.values()]
+        return weights.send_buckets(store, version, publish_id, groups, sizes, bucket_mb, rank=rank, world=world)
+
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
 def engine(request, ray_cluster, tiny_model_dir):
@@ -191,3 +200,51 @@ def test_a_load_interrupts_the_responses_in_flight(engine, store, base_state, pr
             assert gap(c["logprobs"][:switch], before[:switch]) < 1e-3
             assert gap(c["logprobs"][switch:], after[switch:]) < 1e-3
             assert gap(c["logprobs"][switch:], before[switch:]) > 1e-2  # the two versions do differ there
+
+
+def _two_ranks(state: dict[str, torch.Tensor]) -> float:
+    """A bucket size that cuts `state` in at least two buckets (each rank of two then owns one or more)."""
+    return sum(v.numel() * v.element_size() for v in state.values()) / 2**20 / 3
+
+
+def test_a_streamed_load_takes_each_bucket_as_it_comes(engine, store, base_state, probes, tiny_model_dir):
+    """An idle replica's load: it starts with the first buckets in and the others still being published
+    (here rank 1's, held back), and ends with every worker on the new weights."""
+    name, actor = store
+    ranks = [Trainer.remote(), Trainer.remote()]
+    new = perturbed(base_state, seed=30)
+    ray.get(ranks[0].send.remote(actor, 30, 3030, new, _two_ranks(new), 0, 2))
+    version, (count,), serial = ray.get(actor.latest.remote())
+    assert version == 30 and count >= 3
+    load = engine.submit_load(name, 30, serial, stream=True)
+    time.sleep(1.0)
+    assert not load.done()  # waiting for bucket 1
+    ray.get(ranks[1].send.remote(actor, 30, 3030, new, _two_ranks(new), 1, 2))
+    load.result(120)
+    assert engine.version == 30 and not engine.broken
+    assert gap(engine_logprobs(engine, probes), trainer_logprobs(tiny_model_dir, new, probes)) < 1e-4
+
+
+def test_a_streamed_load_cut_short_holds_every_call_until_a_whole_version_loads(
+    engine, store, base_state, probes, tiny_model_dir
+):
+    """The trainer restarts from an older checkpoint half-way through a streamed load: its publish drops the
+    one being loaded, whose layers are then partly new. The engine says so, runs no decoding step (a call
+    queued meanwhile waits), and serves again once the restarted trainer's version has loaded whole."""
+    name, actor = store
+    ranks = [Trainer.remote(), Trainer.remote(), Trainer.remote()]  # the third: the restarted trainer
+    half, restarted = perturbed(base_state, seed=41), perturbed(base_state, seed=40)
+    ray.get(ranks[0].send.remote(actor, 41, 4141, half, _two_ranks(half), 0, 2))
+    serial = ray.get(actor.latest.remote())[2]
+    load = engine.submit_load(name, 41, serial, stream=True)
+    time.sleep(1.0)
+    call = engine.submit(probes[:1], n=2, temperature=1.0, top_p=1.0, max_tokens=8)
+    restart = publish(actor, ranks[2], 40, restarted)  # version 40 < 41: publish 41 is dropped
+    with pytest.raises(Superseded, match="half-way"):
+        load.result(120)
+    assert engine.broken
+    time.sleep(1.0)
+    assert not call.done()
+    engine.load_weights(name, 40, restart)
+    assert call.result(60)[0] == 40 and not engine.broken
+    assert gap(engine_logprobs(engine, probes), trainer_logprobs(tiny_model_dir, restarted, probes)) < 1e-4

@@ -135,3 +135,36 @@ def test_a_replica_gets_the_first_bucket_while_the_rest_is_still_being_published
     assert ray.get(later)[0] is not None
     out = dict(weights.fetch(store, 1, 1))
     assert out["w"].tolist() == [1.0, 1.0] and out["b"].tolist() == [0.0]
+
+
+def _bucket(name: str, value: float) -> ray.ObjectRef:
+    return ray.put(([weights.TensorSpec(name, "float32", (2,), 0)], torch.full((2,), float(value)).view(torch.uint8).numpy()))
+
+
+def test_a_bucket_stream_hands_out_each_bucket_as_it_comes_and_says_when_it_stopped_short(store):
+    """What an idle replica's workers feed vLLM's loader: bucket 0's tensors before bucket 1 exists; a
+    publish dropped half-way (a trainer restarted from an older checkpoint) ends the stream incomplete."""
+    import threading
+
+    for version, complete in ((1, True), (2, False)):
+        ray.get(store.add_bucket.remote(version, 100 + version, 0, 2, [_bucket("w", version)]))
+        serial = ray.get(store.latest.remote())[2]
+        stream = weights.BucketStream(store, version, serial, timeout_s=30.0)
+        got: list = []
+        reader = threading.Thread(target=got.extend, args=(stream,))
+        reader.start()
+        deadline = time.time() + 10
+        while not got and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)
+        assert [name for name, _ in got] == ["w"] and reader.is_alive()  # waiting for bucket 1
+        if complete:
+            ray.get(store.add_bucket.remote(version, 100 + version, 1, 2, [_bucket("b", version)]))
+        else:
+            ray.get(store.add_bucket.remote(0, 999, 0, 1, [_bucket("w", 0.0)]))  # restarted at version 0
+        reader.join(10)
+        assert not reader.is_alive()
+        assert stream.count == 2 and stream.complete is complete
+        assert [name for name, _ in got] == (["w", "b"] if complete else ["w"]) and stream.loaded == len(got)
+        assert got[0][1].tolist() == [float(version)] * 2
+    assert weights.BucketStream(store, 2, serial).count is None  # no longer held
