@@ -21,6 +21,7 @@ test-fast:        ## the pure and unit tiers only (seconds)
 bench:            ## benchmarks that print figures beside their baselines
 	$(PY) bench/verifier.py
 	$(PY) bench/logprob_memory.py
+	$(PY) bench/weight_transport.py
 	$(PY) bench/weight_sync.py
 
 lint:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import time
 import uuid
 
@@ -145,9 +146,9 @@ class RolloutServer:
             self.in_flight -= 1
 
     async def stats(self) -> dict:
-        """This replica's actor name, policy version and generate calls in flight."""
-        return {"actor": ray.get_runtime_context().get_actor_name(), "version": self.engine.version,
-                "in_flight": self.in_flight}  # fmt: skip
+        """This replica's actor name, process id, policy version and generate calls in flight."""
+        return {"actor": ray.get_runtime_context().get_actor_name(), "pid": os.getpid(),
+                "version": self.engine.version, "in_flight": self.in_flight}  # fmt: skip
 
     async def trace(self, since: float = 0.0) -> list[tuple[float, int]]:
         """(wall time, sequences in the engine's running batch) of each decoding step after `since`."""

@@ -118,7 +118,7 @@ def _node_env() -> dict[str, str]:
     return env
 
 
-def _ray_start_args(spec: NodeSpec, metrics_port: int) -> list[str]:
+def _ray_start_args(spec: NodeSpec, metrics_port: int, object_store_bytes: int = OBJECT_STORE_BYTES) -> list[str]:
     # Port 0 wherever Ray allows it: the OS picks a free port. The defaults of the dashboard agent (52365),
     # the worker port range (10002-19999) and the head's client server (10001; 0 is refused there, see
     # start) are fixed, and all the nodes share one IP. `--node-ip-address=127.0.0.1` would not help:
@@ -126,7 +126,7 @@ def _ray_start_args(spec: NodeSpec, metrics_port: int) -> list[str]:
     return [
         RAY, "start", "--block", "--disable-usage-stats", "--log-style=record", "--log-color=false",
         f"--num-cpus={spec.num_cpus}", f"--resources={json.dumps(spec.resources)}",
-        f"--object-store-memory={OBJECT_STORE_BYTES}",
+        f"--object-store-memory={object_store_bytes}",
         "--dashboard-agent-listen-port=0", "--min-worker-port=0", "--max-worker-port=0",
         f"--metrics-export-port={metrics_port}",
     ]  # fmt: skip
@@ -159,8 +159,9 @@ def namespace_unavailable_reason() -> str | None:
 class MultiNodeCluster:
     """Ray nodes on this machine: the head in the host namespace, each worker node in its own namespace."""
 
-    def __init__(self, workdir: Path):
+    def __init__(self, workdir: Path, object_store_bytes: int = OBJECT_STORE_BYTES):
         self.workdir = workdir
+        self.object_store_bytes = object_store_bytes  # per node
         # The head gets its own temp dir, not /tmp/ray: `ray start` writes the cluster address into
         # <temp dir>/ray_current_cluster, and a bare `ray.init()` on this host (the integration tier's)
         # would otherwise join this cluster. Short, under /tmp: Ray's unix socket paths live in it.
@@ -251,7 +252,7 @@ class MultiNodeCluster:
 
     def _add(self, spec: NodeSpec, extra_args: list[str], isolated: bool) -> Node:
         metrics_port = _free_port()
-        cmd = _ray_start_args(spec, metrics_port) + extra_args
+        cmd = _ray_start_args(spec, metrics_port, self.object_store_bytes) + extra_args
         if isolated:
             cmd = UNSHARE + cmd
         node = Node(spec, ["timeout", "-k", "30", str(NODE_MAX_LIFETIME_S), *cmd], metrics_port, isolated)
