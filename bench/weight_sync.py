@@ -19,10 +19,12 @@ initialised Qwen2.5-0.5B (`dapo_ray.random_model`: untied, 1.26 GB in bf16). Per
 Timed from the moment the ranks start gathering to the moment the replica acknowledges the version to
 the store (after its load: it serves it from then on; "load s" is the replica's own time from the start
 of its load, transfer included, to the acknowledgement); medians over `--repeats` versions after
-`--warmup`, the methods taking turns and the order rotating. Memory: how far each process's private
-memory (RssAnon; the object stores' shared pages are not in it) rose above its level before the
-publish, the most over the versions, polled every few ms: per trainer rank, and for the replica.
-The publishing ranks' figure is also given in buckets (the issue's bound: about two). Needs
+`--warmup`, the methods taking turns and the order rotating. Each method publishes from ranks of its
+own. Memory, private (RssAnon: the object stores' shared pages are not in it), polled every few ms, the
+most over the timed versions: per trainer rank, its peak above its level once the model was loaded
+(what it keeps from one publish to the next counts); for the replica, the rise during the publish.
+The ZeRO-3 gather itself takes some (the gathered embedding and output layers: the sequential path's
+rank 1, which keeps nothing, shows how much); beyond it the bucketed path keeps two buckets per rank. Needs
 `unshare --mount` (root or CAP_SYS_ADMIN); about 23 GB of RAM was enough.
 
     python bench/weight_sync.py [--ranks 2] [--bucket-mb 256] [--repeats 3] [--warmup 1]
@@ -100,8 +102,7 @@ def driver(args: argparse.Namespace) -> None:
                 arrays = [v.contiguous().view(-1).view(torch.uint8).numpy() for v in state.values()]
                 nbytes = sum(a.nbytes for a in arrays)
                 ref = ray.put((specs, arrays))
-                ray.get(store.add_bucket.remote(version, int(time.time() * 1e6), 0, 1, [ref]))
-                self.keep = ref  # its owner keeps the object alive until the next publish replaces it
+                ray.get(store.add_bucket.remote(version, int(time.time() * 1e6), 0, 1, [ref]))  # the store holds it
             return t0, time.time() - t0, nbytes
 
     @ray.remote(num_cpus=0, resources={"trainer": 0.01})
@@ -115,11 +116,16 @@ def driver(args: argparse.Namespace) -> None:
 
     store_name = "bench-weight-sync"
     store = weights.create_store(store_name, keep=1)  # one version in the object stores at a time
-    master = ray.get(master_address.remote())
-    ranks = [Rank.remote() for _ in range(args.ranks)]
+    # Each method publishes from ranks of its own, so what one leaves allocated (the bucketed path's reused
+    # buffers) does not count against the other.
+    ranks, rank_pids = {}, {}
     t = time.perf_counter()
-    rank_pids = ray.get([r.setup.remote(i, args.ranks, master) for i, r in enumerate(ranks)])
-    print(f"{args.ranks} ZeRO-3 ranks loaded in {time.perf_counter() - t:.0f}s", flush=True)
+    for method in METHODS:
+        master = ray.get(master_address.remote())
+        ranks[method] = [Rank.remote() for _ in range(args.ranks)]
+        rank_pids[method] = ray.get([r.setup.remote(i, args.ranks, master) for i, r in enumerate(ranks[method])])
+    print(f"{len(METHODS)} x {args.ranks} ZeRO-3 ranks loaded in {time.perf_counter() - t:.0f}s", flush=True)
+    loaded = {m: [rss_anon_mib(pid) for pid in pids] for m, pids in rank_pids.items()}  # the model's own
     cfg = RolloutConfig(model_path=str(MODEL_DIR), dtype="bfloat16", enforce_eager=True, cpu_kvcache_space_gib=1,
                         num_replicas=1, min_replicas=1, max_replicas=1, resources={"rollout": 1})  # fmt: skip
     t = time.perf_counter()
@@ -127,16 +133,15 @@ def driver(args: argparse.Namespace) -> None:
     replica_pid = handle.stats.remote().result()["pid"]
     print(f"replica started in {time.perf_counter() - t:.0f}s", flush=True)
 
-    loaded = [rss_anon_mib(pid) for pid in rank_pids]  # each rank's own: its partition and runtime
     rows: dict[str, list[tuple]] = {m: [] for m in METHODS}
     for version in range(1, args.warmup + args.repeats + 1):
         k = version % len(METHODS)
         for j, method in enumerate(METHODS[k:] + METHODS[:k]):
             v = 2 * version + j
-            mems = [PeakAnon(pid) for pid in rank_pids] + [PeakAnon(replica_pid)]
+            mems = [PeakAnon(pid) for pid in rank_pids[method]] + [PeakAnon(replica_pid)]
             for m in mems:
                 m.__enter__()
-            out = ray.get([r.publish.remote(method, store, v, args.bucket_mb) for r in ranks])
+            out = ray.get([r.publish.remote(method, store, v, args.bucket_mb) for r in ranks[method]])
             synced = ray.get(store.wait_synced.remote(v, 1, 600.0))
             done = time.time()
             for m in mems:
@@ -146,15 +151,15 @@ def driver(args: argparse.Namespace) -> None:
             assert served == v, (served, v)
             start = min(t0 for t0, _, _ in out)
             load_s = max(ray.get(store.load_times.remote()).values())
-            row = (done - start, max(s for _, s, _ in out), [m.extra for m in mems], [n for _, _, n in out], load_s)
+            # Ranks: the peak above the level once loaded (buffers kept from earlier publishes count); the
+            # replica: the rise during this publish.
+            extra = [m.peak - base for m, base in zip(mems, loaded[method], strict=False)] + [mems[-1].extra]
+            row = (done - start, max(s for _, s, _ in out), extra, [n for _, _, n in out], load_s)
             print(f"  version {v} {method:10s}: {row[0]:6.2f}s end to end (ranks {row[1]:.2f}s, replica load "
                   f"{load_s:.2f}s), private MiB +{' +'.join(f'{x:.0f}' for x in row[2])}", flush=True)  # fmt: skip
             if version > args.warmup:
                 rows[method].append(row)
-    held = [rss_anon_mib(pid) - before for pid, before in zip(rank_pids, loaded, strict=True)]
     report(rows, args)
-    print(f"held between publishes, above each rank's level once loaded (the reused bucket buffers, and "
-          f"what the allocator keeps): {', '.join(f'+{x:.0f} MiB' for x in held)}")  # fmt: skip
 
 
 def report(rows: dict[str, list[tuple]], args: argparse.Namespace) -> None:
@@ -164,7 +169,7 @@ def report(rows: dict[str, list[tuple]], args: argparse.Namespace) -> None:
     head = f"{'method':11s} {'end to end s':>12s} {'ranks s':>8s} {'load s':>7s} " + " ".join(
         f"{f'rank{i} MiB':>10s}" for i in range(args.ranks)) + f" {'replica MiB':>11s} {'GB put/rank':>12s}"  # fmt: skip
     print(head)
-    med = {}
+    med, peaks = {}, {}
     for method, rs in rows.items():
         e2e = statistics.median(r[0] for r in rs)
         ranks_s = statistics.median(r[1] for r in rs)
@@ -174,9 +179,11 @@ def report(rows: dict[str, list[tuple]], args: argparse.Namespace) -> None:
         med[method] = e2e
         print(f"{method:11s} {e2e:12.2f} {ranks_s:8.2f} {load_s:7.2f} " + " ".join(f"{x:10.0f}" for x in mem[:-1])
               + f" {mem[-1]:11.0f} {'/'.join(f'{x:.2f}' for x in put):>12s}")  # fmt: skip
-        if method == "bucketed":
-            print(f"  publishing ranks' extra memory in buckets: "
-                  f"{', '.join(f'{x / bucket_mib:.1f}' for x in mem[:-1])}")  # fmt: skip
+        peaks[method] = mem
+    if args.ranks > 1:
+        gather = peaks[BASELINE][-2]  # the sequential path's last rank holds nothing but the gather's own
+        print(f"bucketed ranks beyond the ZeRO-3 gather's own {gather:.0f} MiB (the sequential path's last rank): "
+              f"{', '.join(f'{(x - gather) / bucket_mib:.1f}' for x in peaks['bucketed'][:-1])} buckets")  # fmt: skip
     print(f"bucketed vs sequential: {med[BASELINE] / med['bucketed']:.2f}x faster end to end")
 
 
@@ -186,7 +193,7 @@ def main() -> None:
     p.add_argument("--bucket-mb", type=float, default=256.0, help="weight_sync.bucket_mb")
     p.add_argument("--repeats", type=int, default=3, help="timed versions per method (medians reported)")
     p.add_argument("--warmup", type=int, default=1, help="untimed versions first")
-    p.add_argument("--object-store-gb", type=float, default=4.0, help="per node")
+    p.add_argument("--object-store-gb", type=float, default=6.0, help="per node")
     p.add_argument("--driver", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.driver:
@@ -208,7 +215,7 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="wsync-", dir=ROOT / ".cache"))
     cluster = MultiNodeCluster(workdir, object_store_bytes=int(args.object_store_gb * 1e9))
     try:
-        cluster.start(workers=(NodeSpec("trainer", {"trainer": args.ranks + 1}, num_cpus=args.ranks),
+        cluster.start(workers=(NodeSpec("trainer", {"trainer": 2 * args.ranks + 1}, num_cpus=2 * args.ranks),
                                NodeSpec("rollout", {"rollout": 1}, num_cpus=2)))  # fmt: skip
         env = cluster.head_env() | {"RAY_ADDRESS": cluster.address}
         cmd = [sys.executable, __file__, "--driver", *sys.argv[1:]]
