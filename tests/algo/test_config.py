@@ -58,6 +58,42 @@ def test_bad_choice_lists_the_valid_ones():
         load_config(overrides=["data.source=synthetic", "algorithm.loss_agg_mode=token_mean"])
     with pytest.raises(ConfigError, match=r"reward\.mode.*math_verify"):
         load_config(overrides=["data.source=synthetic", "reward.mode=sympy"])
+    for key, value, choices in [("policy_loss", "gpso", r"'dapo', 'gspo', 'cispo'"),
+                                ("rollout_is", "tokens", r"'none', 'token', 'sequence'"),
+                                ("rollout_is_mode", "clip", r"'truncate', 'mask'"),
+                                ("loss_agg_mode", "seq-mean-token-norm", "seq-mean-token-sum-norm")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=rf"'algorithm\.{key}' = '{value}' is not one of .*{choices}"):
+            load_config(overrides=["data.source=synthetic", f"algorithm.{key}={value}"])
+    with pytest.raises(ConfigError, match=r"did you mean 'algorithm\.rollout_is_threshold'"):
+        load_config(overrides=["data.source=synthetic", "algorithm.rollout_is_treshold=2"])
+
+
+def test_the_configs_choices_are_the_algorithms():
+    """Each Literal of the algorithm section lists exactly what `dapo_ray.algo` implements."""
+    import typing
+
+    from dapo_ray import algo
+    from dapo_ray.config import AlgorithmConfig
+
+    hints = typing.get_type_hints(AlgorithmConfig)
+    assert typing.get_args(hints["policy_loss"]) == tuple(algo.POLICY_LOSSES)
+    assert typing.get_args(hints["loss_agg_mode"]) == algo.LOSS_AGG_MODES
+    assert typing.get_args(hints["rollout_is"]) == algo.ROLLOUT_IS_LEVELS
+    assert typing.get_args(hints["rollout_is_mode"]) == algo.ROLLOUT_IS_MODES
+    assert typing.get_args(hints["kl_estimator"]) == algo.KL_ESTIMATORS
+
+
+def test_the_new_switches_default_to_dapo_and_are_checked():
+    a = load_config(ROOT / "workflows/configs/dapo_qwen2.5_32b.yaml").algorithm
+    assert (a.policy_loss, a.adv_std_norm, a.rollout_is, a.rollout_is_threshold, a.rollout_is_mode) == (
+        "dapo", True, "none", 2.0, "truncate")  # fmt: skip
+    base = ["data.source=synthetic"]
+    # CISPO clips a weight: eps_low >= 1 means no lower bound (its paper); a ratio clip needs eps_low < 1.
+    assert load_config(overrides=[*base, "algorithm.policy_loss=cispo", "algorithm.eps_low=10"]).algorithm.eps_low == 10
+    with pytest.raises(ConfigError, match=r"algorithm\.eps_low must be in \[0, 1\) with policy_loss gspo"):
+        load_config(overrides=[*base, "algorithm.policy_loss=gspo", "algorithm.eps_low=1.0"])
+    with pytest.raises(ConfigError, match="algorithm.rollout_is_threshold must be >= 1"):
+        load_config(overrides=[*base, "algorithm.rollout_is=token", "algorithm.rollout_is_threshold=0.5"])
 
 
 def test_bad_types_and_cross_field_checks():
