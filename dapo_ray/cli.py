@@ -168,13 +168,16 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 def _ladder(args: argparse.Namespace) -> int:
-    from dapo_ray.ablation import LADDER, overrides_for
+    from dapo_ray.ablation import LADDER, VARIANTS, overrides_for
 
     if args.rung:
         print(" ".join(overrides_for(args.rung)))
     else:
         for name, overrides in LADDER:
             print(f"{name:20s} {' '.join(overrides) or '(the full recipe)'}")
+        print("variants of the top rung:")
+        for name, overrides in VARIANTS:
+            print(f"{name:20s} {' '.join(overrides)}")
     return 0
 
 
@@ -229,8 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="stop with the first bad row (file and row) instead of dropping and counting it")  # fmt: skip
     pr.set_defaults(func=_prepare)
     evaluate.add_parser(sub)
-    lad = sub.add_parser("ladder", help="print the overrides of the paper's ablation ladder (Table 1)")
-    lad.add_argument("rung", nargs="?", help="one rung; all when omitted")
+    lad = sub.add_parser("ladder", help="print the overrides of the paper's ablation ladder (Table 1) and of the "
+                                        "variants beside it (GSPO, CISPO, Dr. GRPO, rollout correction)")  # fmt: skip
+    lad.add_argument("rung", nargs="?", help="one rung or variant; all when omitted")
     lad.set_defaults(func=_ladder)
     report.add_parser(sub)
     return p

@@ -151,6 +151,26 @@ def test_ablation_ladder_rungs_load():
         assert len([k for k in a if a[k] != b[k]]) == 1
 
 
+def test_variants_beside_the_ladder_change_only_their_methods_switches():
+    from dapo_ray.ablation import LADDER, VARIANTS, overrides_for
+
+    base = ROOT / "workflows/configs/tiny_cpu_reasoning.yaml"
+    dapo = dataclasses.asdict(load_config(base, LADDER[-1][1]).algorithm)
+    changed = {
+        "dapo+gspo": {"policy_loss": "gspo", "eps_low": 3e-4, "eps_high": 4e-4, "loss_agg_mode": "seq-mean-token-mean"},
+        "dapo+cispo": {"policy_loss": "cispo", "eps_low": 1.0},
+        "dapo+drgrpo": {"loss_agg_mode": "seq-mean-token-sum-norm", "adv_std_norm": False},
+        "dapo+tis": {"rollout_is": "token"},
+    }  # fmt: skip
+    assert [name for name, _ in VARIANTS] == list(changed)
+    for name, _ in VARIANTS:
+        a = dataclasses.asdict(load_config(base, overrides_for(name)).algorithm)
+        assert {k: v for k, v in a.items() if v != dapo[k]} == changed[name], name
+    assert not {name for name, _ in VARIANTS} & {name for name, _ in LADDER}
+    with pytest.raises(ValueError, match="dapo\\+gspo"):
+        overrides_for("gspo")
+
+
 def test_a_sequence_longer_than_the_models_context_is_refused(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "qwen2", "max_position_embeddings": 64}')
     fits = ["data.source=synthetic", f"rollout.model_path={tmp_path}", "data.max_prompt_length=40",
