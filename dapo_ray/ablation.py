@@ -18,7 +18,10 @@ configs keep verl's dual clip; that is the only difference).
   (eps_low 1.0); eps_high stays DAPO's 0.28, the paper not giving its own;
 * `dapo+drgrpo`: Dr. GRPO (Liu et al. 2025): no per-response length normalisation (token sums over the
   constant L_max) and no std scaling of the advantage;
-* `dapo+tis`: the rollout-mismatch correction of Yao et al. 2025, per token, truncated at C = 2.
+* `dapo+tis`: the rollout-mismatch correction of Yao et al. 2025, per token, truncated at C = 2. The
+  reasoning task's engine samples in float32 (`rollout.dtype`), as the trainer computes, so its weights
+  stay at 1 (measured: mean 1.000, max 1.00); `--set rollout.dtype=bfloat16` gives the engine a GPU's
+  precision, and a mismatch to correct (measured: max 1.3-2.3 per step).
 
     python bench/ablation.py --rungs dapo dapo+gspo dapo+cispo dapo+drgrpo dapo+tis
 """
