@@ -11,6 +11,11 @@ total). Held-out avg@8 is evaluated every `--eval-every` steps.
     python bench/ablation.py --rungs naive-grpo dapo --seeds 1 --max-generated 2048   # a quick look
     python bench/ablation.py --rungs naive-grpo dapo --set algorithm.max_policy_lag=0 --out runs/ablation-lag0
     python bench/ablation.py --rungs dapo --config workflows/configs/tiny_cpu.yaml --max-generated 24576   # the demo
+    python bench/ablation.py --rungs dapo dapo+gspo dapo+cispo dapo+drgrpo dapo+tis   # other methods' choices
+
+`--rungs` also takes the variants of `dapo_ray.ablation.VARIANTS` (DAPO with GSPO's, CISPO's or Dr. GRPO's
+loss, or the rollout correction); `--set` composes any other switch, e.g.
+`--rungs dapo --set algorithm.rollout_is=sequence algorithm.rollout_is_mode=mask --out runs/ablation-seq-mis`.
 
 `--set` adds config overrides to every run (after the rung's own), e.g. the same ladder strictly
 on-policy instead of with generation overlapped as the reasoning config has it.
@@ -34,10 +39,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from dapo_ray.ablation import LADDER, overrides_for  # noqa: E402
+from dapo_ray.ablation import LADDER, VARIANTS, overrides_for  # noqa: E402
 
 CONFIG = ROOT / "workflows/configs/tiny_cpu_reasoning.yaml"
 RUNGS = [name for name, _ in LADDER]
+NAMES = RUNGS + [name for name, _ in VARIANTS]
 
 
 def run_one(rung: str, seed: int, max_generated: int, eval_every: int, out: Path, extra: list[str],
@@ -95,7 +101,7 @@ def at(points: list[tuple[float, float]], x: float) -> float:
 def table(results: list[dict]) -> str:
     """Per rung: held-out avg@8 at the start, at equal generation (the end) and at equal wall time,
     mean and spread over seeds, with entropy and length over the last fifth of each run."""
-    by_rung = {r: [x for x in results if x["rung"] == r] for r in RUNGS}
+    by_rung = {r: [x for x in results if x["rung"] == r] for r in NAMES}
     by_rung = {r: xs for r, xs in by_rung.items() if xs}
     equal_time = min(x["evals"][-1]["train_s"] for xs in by_rung.values() for x in xs)
 
@@ -131,7 +137,7 @@ def plot(results: list[dict], path: Path) -> None:
               ("response length (tokens)", "steps", "response_length/mean")]  # fmt: skip
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     for ax, (title, series, key) in zip(axes, panels, strict=True):
-        for rung in RUNGS:
+        for rung in NAMES:
             xs = [x for x in results if x["rung"] == rung]
             if not xs:
                 continue
@@ -150,7 +156,8 @@ def plot(results: list[dict], path: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rungs", nargs="+", default=RUNGS, choices=RUNGS)
+    ap.add_argument("--rungs", nargs="+", default=RUNGS, choices=NAMES,
+                    help="ladder rungs and variants to run (default: the ladder)")
     ap.add_argument("--seeds", type=int, default=3, help="seeds per rung (1, 2, ...)")
     ap.add_argument("--max-generated", type=int, default=12288, help="generated responses per run")
     ap.add_argument("--eval-every", type=int, default=10, help="steps between held-out evaluations")
@@ -169,7 +176,8 @@ def main() -> int:
 
     from dapo_ray.config import load_config
 
-    load_config(args.config, args.extra)  # a typo in --set fails here, naming the key, before any run
+    for rung in args.rungs:  # a typo in --set, or a clash with a rung's switches, fails here before any run
+        load_config(args.config, overrides_for(rung) + args.extra)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     todo = [(rung, seed) for seed in range(1, args.seeds + 1) for rung in args.rungs]
     t0 = time.time()

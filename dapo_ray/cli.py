@@ -19,7 +19,8 @@ def _check(args: argparse.Namespace) -> int:
     a, r, t = cfg.algorithm, cfg.rollout, cfg.trainer
     print(f"[check] config {args.config}: {t.train_batch_size} prompts x {r.n} responses per step, "
           f"{cfg.updates_per_step} gradient updates per step, eps {a.eps_low}/{a.eps_high}, "
-          f"loss {a.loss_agg_mode}, dynamic sampling {'on' if a.dynamic_sampling else 'off'}")  # fmt: skip
+          f"loss {a.policy_loss} ({a.loss_agg_mode}), dynamic sampling {'on' if a.dynamic_sampling else 'off'}, "
+          f"rollout correction {a.rollout_is}")  # fmt: skip
     from dapo_ray.placement import plan
 
     print("[check] placement, from the config alone (the same on any machine that runs the driver):")
@@ -45,7 +46,7 @@ def _check(args: argparse.Namespace) -> int:
     acc = [True, False, True]
     shaped = [(1.0 if ok else -1.0) + (soft_overlong_penalty(n, r.max_response_length, a.overlong_cache_length)
               if a.soft_overlong else 0.0) for ok, n in zip(acc, lengths, strict=True)]  # fmt: skip
-    adv = group_advantages(shaped, a.adv_eps, a.adv_std_unbiased)
+    adv = group_advantages(shaped, a.adv_eps, a.adv_std_unbiased, a.adv_std_norm)
     print(f"[check] group lengths {lengths} correct {acc}: rewards {[round(x, 3) for x in shaped]}, "
           f"kept={keep_group(acc)}, advantages {[round(x, 3) for x in adv]}")  # fmt: skip
     ok = right == len(rows) and wrong == 0
@@ -167,13 +168,16 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 def _ladder(args: argparse.Namespace) -> int:
-    from dapo_ray.ablation import LADDER, overrides_for
+    from dapo_ray.ablation import LADDER, VARIANTS, overrides_for
 
     if args.rung:
         print(" ".join(overrides_for(args.rung)))
     else:
         for name, overrides in LADDER:
             print(f"{name:20s} {' '.join(overrides) or '(the full recipe)'}")
+        print("variants of the top rung:")
+        for name, overrides in VARIANTS:
+            print(f"{name:20s} {' '.join(overrides)}")
     return 0
 
 
@@ -228,8 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="stop with the first bad row (file and row) instead of dropping and counting it")  # fmt: skip
     pr.set_defaults(func=_prepare)
     evaluate.add_parser(sub)
-    lad = sub.add_parser("ladder", help="print the overrides of the paper's ablation ladder (Table 1)")
-    lad.add_argument("rung", nargs="?", help="one rung; all when omitted")
+    lad = sub.add_parser("ladder", help="print the overrides of the paper's ablation ladder (Table 1) and of the "
+                                        "variants beside it (GSPO, CISPO, Dr. GRPO, rollout correction)")  # fmt: skip
+    lad.add_argument("rung", nargs="?", help="one rung or variant; all when omitted")
     lad.set_defaults(func=_ladder)
     report.add_parser(sub)
     return p

@@ -184,9 +184,20 @@ class AlgorithmConfig:
     eps_high: float = 0.28
     """Upper clip range, Clip-Higher (Eq. 10); set equal to eps_low to switch it off."""
     clip_ratio_c: float | None = 10.0
-    """Dual-clip bound for negative advantages (verl); null switches it off."""
-    loss_agg_mode: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"] = "token-mean"
-    """Token-level loss (Eq. 12, `token-mean`) or GRPO's per-sample mean (`seq-mean-token-mean`)."""
+    """Dual-clip bound for negative advantages (verl); null switches it off. Applies to the `dapo` and
+    `gspo` losses, not to `cispo` (whose weight is already bounded)."""
+    policy_loss: Literal["dapo", "gspo", "cispo"] = "dapo"
+    """`dapo`: the token-level clipped ratio (Eq. 10). `gspo`: one length-normalised ratio per response,
+    clipped per response (GSPO, Zheng et al. 2025; the paper's clip ranges are eps_low 3e-4, eps_high
+    4e-4 with seq-mean-token-mean: set them too, as the `dapo+gspo` variant of `dapo-ray ladder` does).
+    `cispo`: the clipped, stop-gradient importance weight times log pi, every token keeps its gradient
+    (MiniMax-M1 2025; no lower bound there: eps_low 1.0). See dapo_ray/algo/gspo.py and cispo.py."""
+    loss_agg_mode: Literal[
+        "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+    ] = "token-mean"
+    """Token-level loss (Eq. 12, `token-mean`), GRPO's per-sample mean (`seq-mean-token-mean`), the
+    per-sample token sum (`seq-mean-token-sum`), or Dr. GRPO's per-sample token sum divided by the constant
+    rollout.max_response_length (`seq-mean-token-sum-norm`: no length normalisation)."""
     overlong_filter: bool = True
     """Mask truncated responses out of the loss (section 3.4)."""
     soft_overlong: bool = True
@@ -227,6 +238,19 @@ class AlgorithmConfig:
     """Epsilon added to the group std in the advantage (Eq. 9)."""
     adv_std_unbiased: bool = True
     """Unbiased (G-1) group std, as torch.std in verl; false for the population std."""
+    adv_std_norm: bool = True
+    """Divide the group advantage by the group std (Eq. 9); false: the mean-centred reward alone
+    (Dr. GRPO, Liu et al. 2025; verl's norm_adv_by_std_in_grpo)."""
+    rollout_is: Literal["none", "token", "sequence"] = "none"
+    """Rollout-training mismatch correction (Yao et al. 2025; verl's algorithm.rollout_correction): weight
+    each token's policy-gradient term by pi_old / pi_rollout (`token`) or its response's product of them
+    (`sequence`), truncated or masked at rollout_is_threshold. Tokens whose ratio already takes the
+    engine's log-prob (sampled by an older version) get weight 1. See dapo_ray/algo/rollout_correction.py."""
+    rollout_is_threshold: float = 2.0
+    """C of the rollout correction: weights above it are truncated to it, or masked."""
+    rollout_is_mode: Literal["truncate", "mask"] = "truncate"
+    """`truncate`: min(w, C) (TIS); `mask`: terms whose weight exceeds C are left out of the loss (MIS),
+    their tokens still counted in its denominator."""
 
 
 @dataclass(frozen=True)
@@ -562,7 +586,13 @@ def validate(cfg: Config) -> None:
         if not ok:
             raise ConfigError(msg)
 
-    check(0.0 <= a.eps_low < 1.0, f"algorithm.eps_low must be in [0, 1), got {a.eps_low}")
+    if a.policy_loss == "cispo":  # CISPO clips a weight, not a ratio's gradient: eps_low >= 1 is "no lower bound"
+        check(a.eps_low >= 0.0, f"algorithm.eps_low must be >= 0, got {a.eps_low}")
+    else:
+        check(0.0 <= a.eps_low < 1.0, f"algorithm.eps_low must be in [0, 1) with policy_loss {a.policy_loss}, "
+                                      f"got {a.eps_low}")  # fmt: skip
+    check(a.rollout_is_threshold >= 1.0,
+          f"algorithm.rollout_is_threshold must be >= 1 (a weight of 1 is an exact match), got {a.rollout_is_threshold}")  # fmt: skip
     check(a.eps_high >= 0.0, f"algorithm.eps_high must be >= 0, got {a.eps_high}")
     check(a.clip_ratio_c is None or a.clip_ratio_c > 1.0, "algorithm.clip_ratio_c must be > 1 or null")
     check(a.kl_coef >= 0.0, f"algorithm.kl_coef must be >= 0, got {a.kl_coef}")

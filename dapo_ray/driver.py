@@ -652,7 +652,9 @@ def _print_step(step: int, total: int, m: dict, fill, eta: str, held_out: str) -
         f"{f' +{fill.carried_in} carried' if fill.carried_in else ''}  "
         f"entropy {m['actor/entropy']:.3f}  len {m['response_length/mean']:.1f}  "
         f"clip+ {m['actor/clipfrac_high']:.3f} clip- {m['actor/clipfrac_low']:.3f}  "
-        f"sync diff {m['weight_sync/logprob_max_diff']:.1e}  replicas {m['weight_sync/replicas']}  step {m['timing/step_s']:.2f}s = "
+        + (f"IS w {m['rollout_corr/rollout_is_mean']:.3f} max {m['rollout_corr/rollout_is_max']:.2f} beyond "
+           f"{m['rollout_corr/rollout_is_ratio_fraction_high']:.2%}  " if "rollout_corr/rollout_is_mean" in m else "")
+        + f"sync diff {m['weight_sync/logprob_max_diff']:.1e}  replicas {m['weight_sync/replicas']}  step {m['timing/step_s']:.2f}s = "
         + " ".join(f"{k.removeprefix('phase/').removesuffix('_s')} {m[k]:.2f}" for k in PHASES)
         + f" (of sync: load {m.get('weight_sync/load_s', 0.0):.2f})"
         + (f"  | {held_out}" if held_out else ""))  # fmt: skip

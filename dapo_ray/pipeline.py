@@ -104,13 +104,15 @@ class ScoringSpec:
     overlong_filter: bool
     adv_eps: float
     adv_std_unbiased: bool
+    adv_std_norm: bool = True
 
 
 def scoring_spec(cfg) -> ScoringSpec:
     """The ScoringSpec of a run's config (reward, overlong shaping and advantage settings)."""
     a = cfg.algorithm
     return ScoringSpec(cfg.reward.mode, cfg.rollout.max_response_length, a.soft_overlong, a.overlong_cache_length,
-                       a.overlong_penalty_factor, a.overlong_filter, a.adv_eps, a.adv_std_unbiased)  # fmt: skip
+                       a.overlong_penalty_factor, a.overlong_filter, a.adv_eps, a.adv_std_unbiased,
+                       a.adv_std_norm)  # fmt: skip
 
 
 def score_group(row: dict, spec: ScoringSpec) -> dict:
@@ -131,7 +133,7 @@ def score_group(row: dict, spec: ScoringSpec) -> dict:
     row["scores"] = scores
     row["truncated"] = truncated
     row["loss_weights"] = algo.overlong_filter_mask(truncated) if spec.overlong_filter else [1.0] * len(truncated)
-    row["advantages"] = algo.group_advantages(scores, spec.adv_eps, spec.adv_std_unbiased)
+    row["advantages"] = algo.group_advantages(scores, spec.adv_eps, spec.adv_std_unbiased, spec.adv_std_norm)
     row["keep"] = algo.keep_group(acc)
     return row
 

@@ -10,9 +10,13 @@ Choices, documented because they change numbers:
 * `std` is the unbiased sample std (divides by G - 1), as `torch.std` in verl's GRPO; pass
   `unbiased=False` for the population std.
 * `eps = 1e-6` as in verl; it keeps a group of identical rewards (std 0) at A = 0.
-* `scale_by_std=False` gives the mean-centred advantage only (Dr. GRPO's variant).
+* `scale_by_std=False` gives the mean-centred advantage only, A_i = R_i - mean(R): Dr. GRPO (Liu et al.
+  2025, "Understanding R1-Zero-Like Training", section 3.1), which finds that dividing by the std gives
+  more weight to questions that are nearly always or nearly never solved (a small std), a
+  question-level difficulty bias (`algorithm.adv_std_norm: false`; verl's `norm_adv_by_std_in_grpo`).
 
 Example: rewards [1, -1, -1, -1] -> mean -0.5, unbiased std 1.0 -> A = [1.5, -0.5, -0.5, -0.5].
+Rewards [1, 1, -1, -1]: std 1.1547 -> A = [0.866, 0.866, -0.866, -0.866]; Dr. GRPO: [1, 1, -1, -1].
 """
 
 from __future__ import annotations

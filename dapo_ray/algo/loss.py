@@ -19,11 +19,17 @@ This is verl's, not the paper's.
   A long response weighs in proportion to its length.
 * ``seq-mean-token-mean`` (GRPO, Eq. 5 style): mean over responses of each response's token mean.
 * ``seq-mean-token-sum``: mean over responses of each response's token sum.
+* ``seq-mean-token-sum-norm`` (Dr. GRPO, Liu et al. 2025, "Understanding R1-Zero-Like Training", Eq. 3):
+  mean over responses of each response's token sum divided by a constant, the generation budget L_max
+  (`norm_length`), not by the response's own length: no per-response length normalisation, so a long
+  wrong answer is not punished less per token than a short one. Worked example: token losses [1, 2, 3]
+  and [4] with L_max 4 -> ((1 + 2 + 3) / 4 + 4 / 4) / 2 = 1.25 (token-mean: 2.5).
 
 The denominators (`total_tokens` for token-mean, `total_seqs` for the seq modes) default to this call's
 own counts, but a trainer splitting a batch into micro-batches or across data-parallel workers must pass
 the **global** counts: then the sum of the per-shard losses (and of their gradients) is exactly the
-whole-batch loss, whatever the split.
+whole-batch loss, whatever the split. Positions outside the mask are *selected* out, not multiplied by
+zero, so a NaN or inf there (0 * nan = nan) never reaches the sum.
 
 **KL** (`kl_coef`, 0 in DAPO, section 2.3, which removes it; GRPO keeps it): when > 0, adds kl_coef times
 an estimate of KL(pi_theta || pi_ref) per token, aggregated the same way (verl's `use_kl_loss`). The
@@ -38,6 +44,14 @@ than a truncated importance weight on a clip centred on the current policy: with
 version by default) the ratio stays near 1 and the clip then bounds the real change of each token's
 probability since it was sampled, which is what the surrogate objective's importance sampling assumes.
 
+**Rollout correction** (`is_weights_BT`, from `rollout_correction.rollout_is_weights`): each token's
+policy-gradient term, after the clip, is multiplied by its truncated (or masked) importance weight
+pi_old / pi_rollout, which corrects for the engine sampling with other kernels and precision than the
+trainer's (verl multiplies at the same place). The KL term is not weighted.
+
+The same tail (weights, aggregation, KL, statistics) serves `gspo.gspo_policy_loss` and
+`cispo.cispo_policy_loss`; `POLICY_LOSSES` in `dapo_ray.algo` names the three (`algorithm.policy_loss`).
+
 Shapes: B responses (rows), T tokens (padded); `mask_BT` is 1 on response tokens that count.
 """
 
@@ -47,8 +61,8 @@ from typing import Literal
 
 import torch
 
-LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
-LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+LossAgg = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+LOSS_AGG_MODES: tuple[str, ...] = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 KlEstimator = Literal["low_var_kl", "kl", "abs", "mse"]
 KL_ESTIMATORS: tuple[str, ...] = ("low_var_kl", "kl", "abs", "mse")
 
@@ -87,9 +101,13 @@ def aggregate(
     mode: LossAgg,
     total_tokens: float | None = None,
     total_seqs: float | None = None,
+    norm_length: float | None = None,
 ) -> torch.Tensor:
-    """Reduce per-token values to a scalar according to `mode` (see module docstring)."""
-    masked = values_BT * mask_BT
+    """Reduce per-token values to a scalar according to `mode` (see module docstring); `norm_length` is
+    Dr. GRPO's constant (L_max), needed by `seq-mean-token-sum-norm` only."""
+    counted_BT = mask_BT > 0
+    zero = torch.zeros((), dtype=values_BT.dtype, device=values_BT.device)
+    masked = torch.where(counted_BT, values_BT * mask_BT, zero)  # select: 0 * nan would be nan
     if mode == "token-mean":
         denom = mask_BT.sum() if total_tokens is None else total_tokens
         return masked.sum() / max(float(denom), 1.0)
@@ -98,12 +116,93 @@ def aggregate(
         per_seq_B = seq_sum_B / mask_BT.sum(dim=-1).clamp(min=1.0)
     elif mode == "seq-mean-token-sum":
         per_seq_B = seq_sum_B
+    elif mode == "seq-mean-token-sum-norm":
+        if norm_length is None or norm_length <= 0:
+            raise ValueError(f"loss_agg_mode seq-mean-token-sum-norm needs norm_length > 0 (Dr. GRPO: the generation "
+                             f"budget L_max), got {norm_length}")  # fmt: skip
+        per_seq_B = seq_sum_B / float(norm_length)
     else:
         raise ValueError(f"loss_agg_mode {mode!r} is not one of {LOSS_AGG_MODES}")
     # A response with no counted token (e.g. overlong-filtered) does not count as a sequence either.
-    has_tokens_B = (mask_BT.sum(dim=-1) > 0).to(per_seq_B.dtype)
+    has_tokens_B = counted_BT.any(dim=-1)
     denom = has_tokens_B.sum() if total_seqs is None else total_seqs
-    return (per_seq_B * has_tokens_B).sum() / max(float(denom), 1.0)
+    return torch.where(has_tokens_B, per_seq_B, torch.zeros_like(per_seq_B)).sum() / max(float(denom), 1.0)
+
+
+def counted_inputs(
+    logp_BT: torch.Tensor, old_logp_BT: torch.Tensor, adv_B: torch.Tensor, mask_BT: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mask as logp's dtype, counted positions, old log-probs, per-token advantages), with positions outside
+    the mask set to neutral values (ratio 1, advantage 0): a NaN or inf there (padding, an engine's -inf)
+    then reaches neither a sequence's sum (GSPO's ratio) nor a gradient."""
+    mask_BT = mask_BT.to(logp_BT.dtype)
+    m = mask_BT > 0
+    adv_BT = adv_B.unsqueeze(-1).expand_as(logp_BT) if adv_B.dim() == 1 else adv_B
+    old_logp_BT = torch.where(m, old_logp_BT, logp_BT.detach().to(old_logp_BT.dtype))
+    adv_BT = torch.where(m, adv_BT, torch.zeros((), dtype=adv_BT.dtype, device=adv_BT.device))
+    return mask_BT, m, old_logp_BT, adv_BT
+
+
+def finish_policy_loss(
+    pg_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    *,
+    logp_BT: torch.Tensor,
+    old_logp_BT: torch.Tensor,
+    adv_BT: torch.Tensor,
+    ratio_BT: torch.Tensor,
+    upper_BT: torch.Tensor,
+    lower_BT: torch.Tensor,
+    dual_BT: torch.Tensor | None,
+    is_weights_BT: torch.Tensor | None,
+    loss_agg_mode: LossAgg,
+    total_tokens: float | None,
+    total_seqs: float | None,
+    norm_length: float | None,
+    kl_coef: float,
+    ref_logp_BT: torch.Tensor | None,
+    kl_estimator: KlEstimator,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The tail every policy loss shares: rollout-correction weights on the per-token terms `pg_BT`,
+    aggregation, the KL term, and the statistics (see `dapo_policy_loss`). `upper_BT` / `lower_BT` mark
+    the tokens each clip bound acted on, `dual_BT` those the dual clip bounded (None: no dual clip)."""
+    if is_weights_BT is not None:
+        w_BT = torch.where(mask_BT > 0, is_weights_BT.to(pg_BT.dtype).detach(), torch.ones_like(pg_BT))
+        pg_BT = pg_BT * w_BT
+    loss = aggregate(pg_BT, mask_BT, loss_agg_mode, total_tokens, total_seqs, norm_length)
+
+    pg_loss = loss
+    kl_BT = None
+    if kl_coef > 0.0:
+        if ref_logp_BT is None:
+            raise ValueError("kl_coef > 0 needs ref_logp_BT")
+        kl_BT = kl_penalty(logp_BT, ref_logp_BT, kl_estimator)
+        loss = loss + kl_coef * aggregate(kl_BT, mask_BT, loss_agg_mode, total_tokens, total_seqs, norm_length)
+
+    with torch.no_grad():
+        m = mask_BT > 0
+        n = int(m.sum())
+        upper_BT, lower_BT = upper_BT & m, lower_BT & m
+
+        def mean(x: torch.Tensor) -> float:
+            return float(x[m].float().mean()) if n else 0.0
+
+        up_probs = torch.exp(old_logp_BT[upper_BT & (adv_BT > 0)])
+        stats = {
+            "n_tokens": float(n),
+            "pg_loss": float(pg_loss),
+            "pg_clipfrac": mean(upper_BT | lower_BT),
+            "clipfrac_high": mean(upper_BT),
+            "clipfrac_low": mean(lower_BT),
+            "pg_clipfrac_lower": mean(dual_BT & m) if dual_BT is not None else 0.0,
+            "up_clipped_prob": float(up_probs.mean()) if up_probs.numel() else float("nan"),
+            "up_clipped_tokens": float(up_probs.numel()),
+            "ppo_kl": mean(old_logp_BT - logp_BT.detach()),
+            "ratio_mean": mean(ratio_BT.detach()),
+        }
+        if kl_BT is not None:
+            stats["kl_loss"] = mean(kl_BT)
+    return loss, stats
 
 
 def dapo_policy_loss(
@@ -118,9 +217,11 @@ def dapo_policy_loss(
     loss_agg_mode: LossAgg = "token-mean",
     total_tokens: float | None = None,
     total_seqs: float | None = None,
+    norm_length: float | None = None,
     kl_coef: float = 0.0,
     ref_logp_BT: torch.Tensor | None = None,
     kl_estimator: KlEstimator = "low_var_kl",
+    is_weights_BT: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The clipped policy-gradient loss of DAPO (Eq. 8, 10, 12) and its statistics.
 
@@ -136,15 +237,14 @@ def dapo_policy_loss(
     * `ppo_kl`: mean of (old_logp - logp), verl's k1 estimate of KL(pi_old || pi_theta);
     * `ratio_mean`; `kl_loss`: mean per-token KL estimate (when kl_coef > 0).
     """
-    mask_BT = mask_BT.to(logp_BT.dtype)
-    adv_BT = adv_B.unsqueeze(-1).expand_as(logp_BT) if adv_B.dim() == 1 else adv_B
+    mask_BT, _, old_logp_BT, adv_BT = counted_inputs(logp_BT, old_logp_BT, adv_B, mask_BT)
     log_ratio_BT = (logp_BT - old_logp_BT).clamp(-20.0, 20.0)  # keep exp() finite
     ratio_BT = torch.exp(log_ratio_BT)
 
     unclipped_BT = -adv_BT * ratio_BT
     clipped_BT = -adv_BT * ratio_BT.clamp(1.0 - eps_low, 1.0 + eps_high)
     pg_BT = torch.maximum(unclipped_BT, clipped_BT)
-    dual_BT = torch.zeros_like(pg_BT, dtype=torch.bool)
+    dual_BT = None
     if clip_ratio_c is not None:
         if clip_ratio_c <= 1.0:
             raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
@@ -152,41 +252,15 @@ def dapo_policy_loss(
         dual_BT = (adv_BT < 0) & (pg_BT > bound_BT)
         pg_BT = torch.where(adv_BT < 0, torch.minimum(pg_BT, bound_BT), pg_BT)
 
-    loss = aggregate(pg_BT, mask_BT, loss_agg_mode, total_tokens, total_seqs)
-
-    pg_loss = loss
-    kl_BT = None
-    if kl_coef > 0.0:
-        if ref_logp_BT is None:
-            raise ValueError("kl_coef > 0 needs ref_logp_BT")
-        kl_BT = kl_penalty(logp_BT, ref_logp_BT, kl_estimator)
-        loss = loss + kl_coef * aggregate(kl_BT, mask_BT, loss_agg_mode, total_tokens, total_seqs)
-
     with torch.no_grad():
-        m = mask_BT.bool()
-        n = int(m.sum())
-        upper_BT = (adv_BT > 0) & (ratio_BT > 1.0 + eps_high) & m
-        lower_BT = (adv_BT < 0) & (ratio_BT < 1.0 - eps_low) & m
-
-        def mean(x: torch.Tensor) -> float:
-            return float(x[m].float().mean()) if n else 0.0
-
-        up_probs = torch.exp(old_logp_BT[upper_BT])
-        stats = {
-            "n_tokens": float(n),
-            "pg_loss": float(pg_loss),
-            "pg_clipfrac": mean(upper_BT | lower_BT),
-            "clipfrac_high": mean(upper_BT),
-            "clipfrac_low": mean(lower_BT),
-            "pg_clipfrac_lower": mean(dual_BT & m),
-            "up_clipped_prob": float(up_probs.mean()) if up_probs.numel() else float("nan"),
-            "up_clipped_tokens": float(up_probs.numel()),
-            "ppo_kl": mean(-log_ratio_BT),
-            "ratio_mean": mean(ratio_BT),
-        }
-        if kl_BT is not None:
-            stats["kl_loss"] = mean(kl_BT)
-    return loss, stats
+        upper_BT = (adv_BT > 0) & (ratio_BT > 1.0 + eps_high)
+        lower_BT = (adv_BT < 0) & (ratio_BT < 1.0 - eps_low)
+    return finish_policy_loss(
+        pg_BT, mask_BT, logp_BT=logp_BT, old_logp_BT=old_logp_BT, adv_BT=adv_BT, ratio_BT=ratio_BT,
+        upper_BT=upper_BT, lower_BT=lower_BT, dual_BT=dual_BT, is_weights_BT=is_weights_BT,
+        loss_agg_mode=loss_agg_mode, total_tokens=total_tokens, total_seqs=total_seqs, norm_length=norm_length,
+        kl_coef=kl_coef, ref_logp_BT=ref_logp_BT, kl_estimator=kl_estimator,
+    )  # fmt: skip
 
 
 def token_logprobs(logits_BTV: torch.Tensor, tokens_BT: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:

@@ -8,20 +8,26 @@ Modes
 ``dapo_strict``
     DAPO's own scorer, verbatim: look at the last 300 characters of the response, take the last line of
     the form ``Answer: ...``, normalise it Minerva-style (strip units, ``$``, ``\\text{}``, ``\\boxed{}``,
-    thousands separators of plain integers...) and compare strings with the normalised ground truth.
-    Use it to re-run the paper's numbers exactly.
+    every comma of an answer made of digits and commas...) and compare strings with the normalised
+    ground truth. Use it to re-run the paper's numbers exactly, bug included: ``Answer: 2,5`` is
+    correct for ground truth 25 (verl's ``math_dapo`` shares it).
 ``dapo`` (default)
-    ``dapo_strict`` plus three fixes for failures users report, none of which can turn a wrong answer
-    right:
+    ``dapo_strict`` plus four fixes for failures users report. The first three only accept answers
+    DAPO wrongly rejects, and none of them can turn a wrong answer right:
       * trailing special tokens (``<|im_end|>``, ``<|endoftext|>``, ``</s>``) are removed first, so
         ``Answer: 13<|im_end|>`` is 13, not ``13<|im_end|>``;
       * a trailing full stop is dropped (``Answer: 13.`` is 13);
       * plain integers are compared by value, so leading zeros do not matter: AIME writes answers as three
         digits, and ``Answer: 025`` is correct for ground truth ``25`` (strict mode says wrong).
+    The fourth only rejects answers DAPO wrongly accepts:
+      * a comma is dropped only as a thousands separator, between groups of three digits (``2,500`` is
+        2500); otherwise the answer is a list or has a decimal comma, and ``2,5``, ``12,34`` or ``2,50``
+        do not match 25, 1234 or 250 (strict mode says they do).
 ``math_verify``
-    Correct when ``dapo`` says so, or when Math-Verify (HF, sympy-based) finds the answer equivalent to
-    the ground truth. The answer is the ``Answer:`` line if there is one, else the last ``\\boxed{}``,
-    else the last answer Math-Verify's own extraction finds in the last 300 characters (its default
+    Correct when ``dapo`` (with its comma rule) says so, or when Math-Verify (HF, sympy-based) finds the
+    answer equivalent to the ground truth (it reads ``2,5`` as the set {2, 5}, never as 25). The answer is the
+    ``Answer:`` line if there is one, else the last ``\\boxed{}``, else the last answer Math-Verify's
+    own extraction finds in the last 300 characters (its default
     LaTeX and plain-expression configs: ``The answer is 42``, ``so x = \\frac{1}{2}``, ``$\\sqrt{2}$``).
     Adds ``1/2`` vs ``\\frac{1}{2}``, ``0.5`` vs ``1/2`` and so on. Slower (~ms per response).
 
@@ -100,8 +106,15 @@ _REMOVED_EXPRESSIONS = [
 ]  # fmt: skip
 
 
-def normalize_final_answer(answer: str) -> str:
-    """DAPO's normalisation of an extracted answer, verbatim. `"\\$1{,}000 dollars"` -> `"1000"`."""
+_THOUSANDS_RE = re.compile(r"\d{1,3}(?:,\d{3})+")
+
+
+def normalize_final_answer(answer: str, thousands_only: bool = False) -> str:
+    """DAPO's normalisation of an extracted answer, verbatim. `"\\$1{,}000 dollars"` -> `"1000"`.
+
+    DAPO drops every comma of an answer made of digits and commas, so `2,5` becomes `25`.
+    `thousands_only` (the `dapo` and `math_verify` modes) drops them only where they separate groups of
+    three digits (`2,500` -> `2500`): `2,5`, `12,34` or `2,50` are a list or a decimal comma and stay."""
     answer = answer.split("=")[-1]
     for before, after in _SUBSTITUTIONS:
         answer = answer.replace(before, after)
@@ -115,7 +128,7 @@ def normalize_final_answer(answer: str) -> str:
     answer = re.sub(r"(frac)([^{])(.)", "frac{\\2}{\\3}", answer)
     answer = re.sub(r"(sqrt)([^{])", "sqrt{\\2}", answer)
     answer = answer.replace("$", "")
-    if answer.replace(",", "").isdigit():
+    if answer.replace(",", "").isdigit() and (not thousands_only or _THOUSANDS_RE.fullmatch(answer)):
         answer = answer.replace(",", "")
     return answer.strip()
 
@@ -167,8 +180,8 @@ def _dapo(response: str, ground_truth: str, strict: bool) -> Score:
         response = strip_special_tokens(response)
     tail = response[-TAIL_CHARS:]
     line = extract_answer_line(tail)
-    pred = normalize_final_answer(line) if line is not None else INVALID
-    gt = normalize_final_answer(ground_truth)
+    pred = normalize_final_answer(line, thousands_only=not strict) if line is not None else INVALID
+    gt = normalize_final_answer(ground_truth, thousands_only=not strict)
     if not strict and line is not None:
         pred = _canonical_integer(pred.rstrip("."))
         gt = _canonical_integer(gt)

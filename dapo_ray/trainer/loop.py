@@ -3,9 +3,10 @@ checkpoints through `ray.train.report`.
 
 Each step (`train_step`): pull this rank's shard from the channel -> old log-probs (the behaviour
 policy's: recomputed with the current weights for fresh samples, the engine's for samples an older
-version generated; the pass is skipped when all were) and, with a KL term, the reference model's ->
-`ppo_epochs` passes over the mini-batches, each accumulating micro-batch gradients of the DAPO loss into
-one optimizer step -> rank 0 publishes the new weights as version step+1 -> report.
+version generated; the pass is skipped when all were), with a KL term the reference model's, and with
+`algorithm.rollout_is` the rollout-correction weights -> `ppo_epochs` passes over the mini-batches, each
+accumulating micro-batch gradients of the policy loss (`algorithm.policy_loss`) into one optimizer step
+-> rank 0 publishes the new weights as version step+1 -> report.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from dapo_ray.algo import behaviour_logprobs, dapo_policy_loss
+from dapo_ray.algo import POLICY_LOSSES, behaviour_logprobs, rollout_is_weights
 from dapo_ray.config import Config
 from dapo_ray.ray_metrics import TrainerMetrics, run_name
 from dapo_ray.trainer import collective
@@ -28,6 +29,8 @@ from dapo_ray.trainer.policy import PolicyLM, head_chunks
 
 # Loss statistics averaged over tokens (weighted by each micro-batch's token count).
 SUM_KEYS = ("pg_clipfrac", "clipfrac_high", "clipfrac_low", "pg_clipfrac_lower", "ppo_kl", "ratio_mean", "kl_loss")
+# Rollout-correction statistics averaged over tokens (logged as rollout_corr/<key>, with rollout_is_max).
+IS_KEYS = ("rollout_is_mean", "rollout_is_ratio_fraction_high", "rollout_is_masked_fraction")
 PAD_ID = 0
 
 
@@ -144,6 +147,8 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
     # tokens, entropy sum, |recomputed - engine| sum over fresh tokens (tokens of the current version),
     # fresh tokens, up-clipped tokens and the sum of their old probabilities, SUM_KEYS sums
     totals = torch.zeros(6 + len(SUM_KEYS), dtype=torch.float64)
+    # rollout correction: tokens, then IS_KEYS sums (means weighted by tokens), and the largest weight
+    is_totals, is_max = torch.zeros(1 + len(IS_KEYS), dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
 
     # 1. Behaviour log-probs (and reference log-probs for the KL term), before any update. A token an
     # older policy sampled takes the engine's log-prob (`behaviour_logprobs`), so the trainer's own are
@@ -172,7 +177,18 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
                     totals[2] += ((logp - m.rollout_BT).abs() * fresh).sum()
                     if ref is not None:
                         ref_logp = ref(ids, att, temperature)[0].float().cpu()
-                micros.append((m, old, ref_logp))
+                # pi_old / pi_rollout: exactly 1 where `old` is the engine's log-prob already (older versions).
+                # Every response lies whole in one micro-batch (batch.build_shards), as the sequence level needs.
+                is_w = None
+                if a.rollout_is != "none":
+                    is_w, st = rollout_is_weights(old, m.rollout_BT, m.mask_BT, level=a.rollout_is,
+                                                  threshold=a.rollout_is_threshold, mode=a.rollout_is_mode)  # fmt: skip
+                    is_totals[0] += st["n_tokens"]
+                    for j, k in enumerate(IS_KEYS):
+                        is_totals[1 + j] += st[k] * st["n_tokens"]
+                    if st["n_tokens"]:
+                        is_max[0] = max(float(is_max[0]), st["rollout_is_max"])
+                micros.append((m, old, ref_logp, is_w))
             prepared.append((mini, micros))
     t_old = time.time() - t0
 
@@ -181,9 +197,10 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
     engine.train()
     grad_norms, steps_before, skipped_before = [], engine.global_steps, engine.skipped_steps
     skipped_seen, trailing_skipped = skipped_before, 0
+    policy_loss = POLICY_LOSSES[a.policy_loss]
     for epoch in range(t.ppo_epochs):
         for mini, micros in prepared:
-            for i, (m, old, ref_logp) in enumerate(micros):
+            for i, (m, old, ref_logp, is_w) in enumerate(micros):
                 # The mini-batch's last micro-batch is the accumulation boundary (gradients reduced over
                 # ranks, one optimizer step), marked here: with micro_batch_tokens the count varies from
                 # one mini-batch to the next (it is the same on every rank: build_shards).
@@ -194,12 +211,13 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
                     real = (m.mask_BT > 0).double()
                     totals[0] += real.sum()
                     totals[1] += (ent.float().cpu() * real).sum()
-                loss, stats = dapo_policy_loss(
+                loss, stats = policy_loss(
                     logp, old.to(device), m.adv_B.to(device), m.mask_BT.to(device),
                     eps_low=a.eps_low, eps_high=a.eps_high, clip_ratio_c=a.clip_ratio_c,
                     loss_agg_mode=a.loss_agg_mode, total_tokens=mini["total_tokens"], total_seqs=mini["total_seqs"],
+                    norm_length=cfg.rollout.max_response_length,
                     kl_coef=a.kl_coef, ref_logp_BT=None if ref_logp is None else ref_logp.to(device),
-                    kl_estimator=a.kl_estimator,
+                    kl_estimator=a.kl_estimator, is_weights_BT=None if is_w is None else is_w.to(device),
                 )  # fmt: skip
                 # The global denominators already make the sum over micro-batches and ranks exact:
                 # DeepSpeed must not divide by its accumulation count (scale_wrt_gas) and its average
@@ -242,6 +260,12 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
         metrics["actor/rollout_logprob_diff"] = float(totals[2] / totals[3])
     if totals[4] > 0:  # undefined when no token was clipped at the upper bound
         metrics["actor/up_clipped_prob"] = float(totals[5] / totals[4])
+    if a.rollout_is != "none":  # the same on every rank: each joins both reductions
+        is_totals = collective.all_reduce(is_totals, device)
+        is_max = collective.all_reduce(is_max, device, op="max")
+        n_is = max(float(is_totals[0]), 1.0)
+        metrics |= {f"rollout_corr/{k}": float(is_totals[1 + j]) / n_is for j, k in enumerate(IS_KEYS)}
+        metrics["rollout_corr/rollout_is_max"] = float(is_max[0])
     return metrics
 
 

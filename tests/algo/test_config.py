@@ -58,6 +58,42 @@ def test_bad_choice_lists_the_valid_ones():
         load_config(overrides=["data.source=synthetic", "algorithm.loss_agg_mode=token_mean"])
     with pytest.raises(ConfigError, match=r"reward\.mode.*math_verify"):
         load_config(overrides=["data.source=synthetic", "reward.mode=sympy"])
+    for key, value, choices in [("policy_loss", "gpso", r"'dapo', 'gspo', 'cispo'"),
+                                ("rollout_is", "tokens", r"'none', 'token', 'sequence'"),
+                                ("rollout_is_mode", "clip", r"'truncate', 'mask'"),
+                                ("loss_agg_mode", "seq-mean-token-norm", "seq-mean-token-sum-norm")]:  # fmt: skip
+        with pytest.raises(ConfigError, match=rf"'algorithm\.{key}' = '{value}' is not one of .*{choices}"):
+            load_config(overrides=["data.source=synthetic", f"algorithm.{key}={value}"])
+    with pytest.raises(ConfigError, match=r"did you mean 'algorithm\.rollout_is_threshold'"):
+        load_config(overrides=["data.source=synthetic", "algorithm.rollout_is_treshold=2"])
+
+
+def test_the_configs_choices_are_the_algorithms():
+    """Each Literal of the algorithm section lists exactly what `dapo_ray.algo` implements."""
+    import typing
+
+    from dapo_ray import algo
+    from dapo_ray.config import AlgorithmConfig
+
+    hints = typing.get_type_hints(AlgorithmConfig)
+    assert typing.get_args(hints["policy_loss"]) == tuple(algo.POLICY_LOSSES)
+    assert typing.get_args(hints["loss_agg_mode"]) == algo.LOSS_AGG_MODES
+    assert typing.get_args(hints["rollout_is"]) == algo.ROLLOUT_IS_LEVELS
+    assert typing.get_args(hints["rollout_is_mode"]) == algo.ROLLOUT_IS_MODES
+    assert typing.get_args(hints["kl_estimator"]) == algo.KL_ESTIMATORS
+
+
+def test_the_new_switches_default_to_dapo_and_are_checked():
+    a = load_config(ROOT / "workflows/configs/dapo_qwen2.5_32b.yaml").algorithm
+    assert (a.policy_loss, a.adv_std_norm, a.rollout_is, a.rollout_is_threshold, a.rollout_is_mode) == (
+        "dapo", True, "none", 2.0, "truncate")  # fmt: skip
+    base = ["data.source=synthetic"]
+    # CISPO clips a weight: eps_low >= 1 means no lower bound (its paper); a ratio clip needs eps_low < 1.
+    assert load_config(overrides=[*base, "algorithm.policy_loss=cispo", "algorithm.eps_low=10"]).algorithm.eps_low == 10
+    with pytest.raises(ConfigError, match=r"algorithm\.eps_low must be in \[0, 1\) with policy_loss gspo"):
+        load_config(overrides=[*base, "algorithm.policy_loss=gspo", "algorithm.eps_low=1.0"])
+    with pytest.raises(ConfigError, match="algorithm.rollout_is_threshold must be >= 1"):
+        load_config(overrides=[*base, "algorithm.rollout_is=token", "algorithm.rollout_is_threshold=0.5"])
 
 
 def test_bad_types_and_cross_field_checks():
@@ -113,6 +149,26 @@ def test_ablation_ladder_rungs_load():
     for lower, upper in zip(cfgs, cfgs[1:], strict=False):
         a, b = dataclasses.asdict(lower.algorithm), dataclasses.asdict(upper.algorithm)
         assert len([k for k in a if a[k] != b[k]]) == 1
+
+
+def test_variants_beside_the_ladder_change_only_their_methods_switches():
+    from dapo_ray.ablation import LADDER, VARIANTS, overrides_for
+
+    base = ROOT / "workflows/configs/tiny_cpu_reasoning.yaml"
+    dapo = dataclasses.asdict(load_config(base, LADDER[-1][1]).algorithm)
+    changed = {
+        "dapo+gspo": {"policy_loss": "gspo", "eps_low": 3e-4, "eps_high": 4e-4, "loss_agg_mode": "seq-mean-token-mean"},
+        "dapo+cispo": {"policy_loss": "cispo", "eps_low": 1.0},
+        "dapo+drgrpo": {"loss_agg_mode": "seq-mean-token-sum-norm", "adv_std_norm": False},
+        "dapo+tis": {"rollout_is": "token"},
+    }  # fmt: skip
+    assert [name for name, _ in VARIANTS] == list(changed)
+    for name, _ in VARIANTS:
+        a = dataclasses.asdict(load_config(base, overrides_for(name)).algorithm)
+        assert {k: v for k, v in a.items() if v != dapo[k]} == changed[name], name
+    assert not {name for name, _ in VARIANTS} & {name for name, _ in LADDER}
+    with pytest.raises(ValueError, match="dapo\\+gspo"):
+        overrides_for("gspo")
 
 
 def test_a_sequence_longer_than_the_models_context_is_refused(tmp_path):

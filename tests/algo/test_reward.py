@@ -20,6 +20,14 @@ ALL_MODES = ["dapo", "dapo_strict", "math_verify"]
         ("Answer: 13<|im_end|><|endoftext|>", "13", True, False, True),
         ("Answer: 1,000", "1000", True, True, True),
         ("Answer: 1{,}000", "1000", True, True, True),
+        ("Answer: 2,500", "2500", True, True, True),  # a thousands separator
+        ("Answer: 1,000,000", "1000000", True, True, True),
+        ("Answer: 2,5", "25", False, True, False),  # a list or a decimal comma: DAPO's (and verl's) bug
+        ("Answer: 25", "2,5", False, True, False),
+        ("Answer: 12,34", "1234", False, True, False),
+        ("Answer: 2,50", "250", False, True, False),
+        ("Answer: 2, 5", "25", False, True, False),
+        ("Answer: 2,5", "2,5", True, True, True),
         ("Answer: 025", "25", True, False, True),  # leading zeros: value equality (documented)
         ("Answer: 25", "025", True, False, True),
         ("Answer: 13.", "13", True, False, True),
@@ -55,6 +63,27 @@ def test_normalisation_matches_dapo():
     assert normalize_final_answer("\\$1{,}000 dollars") == "1000"
     assert normalize_final_answer("x = \\boxed{42}") == "42"
     assert normalize_final_answer("\\text{(B)}") == "(B)"
+
+
+def test_commas_are_dropped_only_between_groups_of_three_digits():
+    assert normalize_final_answer("2,5") == "25"  # DAPO verbatim (dapo_strict)
+    assert normalize_final_answer("2,5", thousands_only=True) == "2,5"
+    assert normalize_final_answer("2,500", thousands_only=True) == "2500"
+    assert normalize_final_answer("12,345,678", thousands_only=True) == "12345678"
+    assert normalize_final_answer("1,0000", thousands_only=True) == "1,0000"
+    assert normalize_final_answer(",500", thousands_only=True) == ",500"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 10**9), st.sets(st.integers(1, 9), max_size=3))
+def test_a_comma_answer_matches_its_integer_only_as_thousands_separators(n, cuts):
+    digits = str(n)
+    cuts = sorted(c for c in cuts if c < len(digits))
+    written = ",".join(digits[i:j] for i, j in zip([0, *cuts], [*cuts, len(digits)], strict=True))
+    grouped = f"{n:,}"
+    for mode in ("dapo", "math_verify"):
+        assert compute_score(f"Answer: {written}", digits, mode)["acc"] is (written in (digits, grouped)), mode
+    assert compute_score(f"Answer: {written}", digits, "dapo_strict")["acc"] is True
 
 
 def test_last_boxed_nested():

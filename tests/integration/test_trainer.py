@@ -2,7 +2,7 @@
 optimizer steps per ppo_epochs, the gradient norm under every ZeRO stage (and so the chunked log-probs
 under ZeRO-3), the reference model and KL term, off-policy samples, the old-log-prob pass skipped when
 every sample is off-policy, micro-batches packed to a token budget, and the update against the gradient
-of the whole batch computed without DeepSpeed."""
+of the whole batch computed without DeepSpeed (with each policy loss and the rollout correction)."""
 
 import json
 import random
@@ -218,11 +218,12 @@ def test_a_token_budget_gives_the_same_update(random_model, ray_cluster, tmp_pat
 
 
 def _whole_batch_grad_norm(model_dir, cfg, batch: list[dict], version: int) -> float:
-    """The norm of the gradient of the DAPO loss of the whole batch as one tensor, in this process without
-    DeepSpeed: the behaviour log-probs are the model's for tokens of `version`, the engine's for older."""
+    """The norm of the gradient of the policy loss (`algorithm.policy_loss`, with the rollout correction
+    when on) of the whole batch as one tensor, in this process without DeepSpeed: the behaviour log-probs
+    are the model's for tokens of `version`, the engine's for older."""
     from transformers import AutoModelForCausalLM
 
-    from dapo_ray.algo import behaviour_logprobs, dapo_policy_loss
+    from dapo_ray.algo import POLICY_LOSSES, behaviour_logprobs, rollout_is_weights
     from dapo_ray.trainer.batch import pad_micro
     from dapo_ray.trainer.policy import PolicyLM
 
@@ -231,22 +232,38 @@ def _whole_batch_grad_norm(model_dir, cfg, batch: list[dict], version: int) -> f
     m = pad_micro(batch, 0)
     with torch.no_grad():
         old = behaviour_logprobs(policy(m.ids_BL, m.att_BL, temperature)[0], m.rollout_BT, m.version_BT < version)
+    is_w = None
+    if a.rollout_is != "none":
+        is_w, _ = rollout_is_weights(old, m.rollout_BT, m.mask_BT, level=a.rollout_is,
+                                     threshold=a.rollout_is_threshold, mode=a.rollout_is_mode)  # fmt: skip
     logp, _ = policy(m.ids_BL, m.att_BL, temperature)
     tokens = sum(len(s["input_ids"]) - s["n_prompt"] for s in batch)
-    loss, _ = dapo_policy_loss(logp, old, m.adv_B, m.mask_BT, eps_low=a.eps_low, eps_high=a.eps_high,
-                               clip_ratio_c=a.clip_ratio_c, loss_agg_mode=a.loss_agg_mode, total_tokens=tokens,
-                               total_seqs=len(batch))  # fmt: skip
+    loss, _ = POLICY_LOSSES[a.policy_loss](
+        logp, old, m.adv_B, m.mask_BT, eps_low=a.eps_low, eps_high=a.eps_high, clip_ratio_c=a.clip_ratio_c,
+        loss_agg_mode=a.loss_agg_mode, total_tokens=tokens, total_seqs=len(batch),
+        norm_length=cfg.rollout.max_response_length, is_weights_BT=is_w,
+    )  # fmt: skip
     loss.backward()
     return float(torch.nn.utils.get_total_norm([p.grad for p in policy.parameters() if p.grad is not None]))
 
 
-@pytest.mark.parametrize("stage, budget", [(0, ""), (3, "trainer.micro_batch_tokens=44")])
-def test_the_update_is_the_gradient_of_the_whole_batch(random_model, ray_cluster, tmp_path, stage, budget):
+@pytest.mark.parametrize("stage, budget, algorithm", [
+    (0, "", []),
+    (3, "trainer.micro_batch_tokens=44", []),
+    # GSPO's per-response ratio and the sequence-level correction need whole responses in a micro-batch;
+    # CISPO with Dr. GRPO's constant-length aggregation and masked token-level correction.
+    (0, "", ["algorithm.policy_loss=gspo", "algorithm.eps_low=0.01", "algorithm.eps_high=0.01",
+             "algorithm.loss_agg_mode=seq-mean-token-mean", "algorithm.rollout_is=sequence"]),
+    (0, "trainer.micro_batch_tokens=44", ["algorithm.policy_loss=cispo", "algorithm.eps_low=1.0",
+                                          "algorithm.loss_agg_mode=seq-mean-token-sum-norm", "algorithm.rollout_is=token",
+                                          "algorithm.rollout_is_mode=mask", "algorithm.rollout_is_threshold=1.05"]),
+], ids=["dapo", "dapo-zero3-budget", "gspo-seq-tis", "cispo-drgrpo-mis-budget"])  # fmt: skip
+def test_the_update_is_the_gradient_of_the_whole_batch(random_model, ray_cluster, tmp_path, stage, budget, algorithm):
     """One update from the whole batch, split over 2 ranks and micro-batches (2 of 8 responses each; or,
     packed to 44 tokens, 6 of 1-4 responses, one of them a dummy): DeepSpeed's gradient is the whole
-    batch's, neither divided by its accumulation count nor averaged over ranks."""
+    batch's, neither divided by its accumulation count nor averaged over ranks; with every policy loss."""
     batch = samples(32, current_version=5)
-    one_update = [f"trainer.zero_stage={stage}", "trainer.mini_batch_size=32", "trainer.micro_batch_size=8"]
+    one_update = [f"trainer.zero_stage={stage}", "trainer.mini_batch_size=32", "trainer.micro_batch_size=8", *algorithm]
     if budget:
         shards = shards_of(step_config(random_model, [*one_update, budget]), batch)
         assert [len(shard[0]["micro"]) for shard in shards] == [6, 6]
@@ -255,3 +272,5 @@ def test_the_update_is_the_gradient_of_the_whole_batch(random_model, ray_cluster
     want = _whole_batch_grad_norm(random_model, step_config(random_model, one_update), batch, version=5)
     assert m["actor/updates"] == 1
     assert m["actor/grad_norm"] == pytest.approx(want, rel=1e-5)
+    if "algorithm.rollout_is_mode=mask" in algorithm:  # the correction acted, and was logged
+        assert 0.0 < m["rollout_corr/rollout_is_masked_fraction"] < 1.0

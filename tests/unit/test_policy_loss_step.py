@@ -1,0 +1,74 @@
+"""The trainer's step with each policy loss, Dr. GRPO's aggregation and the rollout correction, on the real
+DeepSpeed engine (one CPU rank, gloo): the switches reach the loss, the update is finite, and the
+correction's statistics are logged; tokens an older version sampled get weight exactly 1."""
+
+import random
+
+import pytest
+import torch
+
+from dapo_ray.config import load_config
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from transformers import Qwen2ForCausalLM
+
+    from dapo_ray.tiny_model import tiny_config
+
+    torch.manual_seed(0)
+    out = tmp_path_factory.mktemp("policy-loss-tiny")
+    Qwen2ForCausalLM(tiny_config(vocab_size=97, hidden=32, layers=2)).save_pretrained(out)
+    return out
+
+
+def _step(model_dir, overrides: list[str], token_version: int) -> dict:
+    from dapo_ray.trainer.batch import build_shards
+    from dapo_ray.trainer.loop import build_engines, train_step
+
+    cfg = load_config(overrides=["data.source=synthetic", f"rollout.model_path={model_dir}", "trainer.num_workers=1",
+                                 "trainer.train_batch_size=2", "rollout.n=8", "trainer.mini_batch_size=8",
+                                 "trainer.micro_batch_size=4", "trainer.zero_stage=0", "trainer.warmup_steps=0",
+                                 "data.max_prompt_length=16", "rollout.max_response_length=24",
+                                 "algorithm.overlong_cache_length=8", *overrides])  # fmt: skip
+    rng = random.Random(0)
+    batch = []
+    for _ in range(16):
+        n = rng.randrange(2, 15)
+        batch.append({"input_ids": [rng.randrange(1, 97) for _ in range(3 + n)], "n_prompt": 3, "weight": 1.0,
+                      "advantage": rng.uniform(-1, 1), "rollout_logprobs": [-4.57 + rng.uniform(-0.7, 0.7) for _ in range(n)],
+                      "token_versions": [token_version] * n})  # fmt: skip
+    torch.manual_seed(0)
+    engine, ref = build_engines(cfg, world=1)
+    return train_step(engine, ref, build_shards(batch, 1, 8, 4, seed=0)[0], 3, cfg, world=1)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["algorithm.policy_loss=gspo", "algorithm.eps_low=0.0003", "algorithm.eps_high=0.0004",
+     "algorithm.loss_agg_mode=seq-mean-token-mean", "algorithm.rollout_is=sequence"],
+    ["algorithm.policy_loss=cispo", "algorithm.eps_low=1.0", "algorithm.loss_agg_mode=seq-mean-token-sum-norm",
+     "algorithm.adv_std_norm=false", "algorithm.rollout_is=token", "algorithm.rollout_is_mode=mask",
+     "algorithm.rollout_is_threshold=1.2"],
+], ids=["gspo-sequence-tis", "cispo-drgrpo-token-mis"])  # fmt: skip
+def test_each_switch_trains(gloo_group, model_dir, overrides):
+    m = _step(model_dir, overrides, token_version=3)  # every token of the current version: corrected
+    assert m["actor/updates"] == 2 and m["actor/skipped_updates"] == 0
+    assert 0.0 < m["actor/grad_norm"] < float("inf")
+    assert m["rollout_corr/rollout_is_max"] > 1.2 and 0.0 < m["rollout_corr/rollout_is_ratio_fraction_high"] < 1.0
+    assert 0.3 < m["rollout_corr/rollout_is_mean"] < 3.0
+    if "algorithm.rollout_is_mode=mask" in overrides:
+        assert m["rollout_corr/rollout_is_masked_fraction"] == m["rollout_corr/rollout_is_ratio_fraction_high"]
+    else:
+        assert m["rollout_corr/rollout_is_masked_fraction"] == 0.0
+
+
+def test_tokens_of_older_versions_are_not_corrected(gloo_group, model_dir):
+    m = _step(model_dir, ["algorithm.rollout_is=token", "algorithm.rollout_is_mode=mask"], token_version=2)
+    assert m["actor/off_policy_token_frac"] == 1.0
+    assert m["rollout_corr/rollout_is_mean"] == 1.0 and m["rollout_corr/rollout_is_max"] == 1.0
+    assert m["rollout_corr/rollout_is_masked_fraction"] == 0.0
+
+
+def test_no_correction_logs_nothing_of_it(gloo_group, model_dir):
+    m = _step(model_dir, [], token_version=3)
+    assert not [k for k in m if k.startswith("rollout_corr/")]
