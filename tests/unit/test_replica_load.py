@@ -34,10 +34,13 @@ class Engine:
     """Loads every publish but those in `dropped`, which fail as the real engine's do."""
 
     def __init__(self, dropped: set[int]) -> None:
-        self.version, self.dropped, self.loads = 1, dropped, []
+        self.version, self.dropped, self.loads, self.streamed = 1, dropped, [], []
+        self.broken = False
 
-    def submit_load(self, store_name: str, version: int, serial: int, interrupt: bool = True) -> Future:
+    def submit_load(self, store_name: str, version: int, serial: int, interrupt: bool = True,
+                    stream: bool = False) -> Future:  # fmt: skip
         self.loads.append((store_name, version, serial))
+        self.streamed.append(stream)
         done: Future = Future()
         if serial in self.dropped:
             done.set_exception(Superseded(f"publish {serial} dropped"))
@@ -56,7 +59,7 @@ def replica(engine: Engine, store: Store, serial: int) -> RolloutServer:
     server = RolloutServer.func_or_class.__new__(RolloutServer.func_or_class)
     server.engine, server.store, server.store_name, server.serial = engine, store, "weights", serial
     server.replica_id, server.metrics, server.load_lock = "replica-a", Metrics(), asyncio.Lock()
-    server.partial_rollout, server.load_s = True, 0.0
+    server.partial_rollout, server.load_s, server.in_flight = True, 0.0, 0
     return server
 
 
@@ -73,3 +76,15 @@ def test_a_publish_already_served_loads_nothing():
     server = replica(engine, store, serial=1)
     assert asyncio.run(server._load((1, ["ref of 1"], 1))) == 1
     assert engine.loads == [] and store.acks == [("replica-a", 1, 1, 0.0)]
+
+
+def test_an_idle_replica_streams_its_load_and_a_busy_or_broken_one_loads_a_whole_version():
+    """Idle: each bucket is loaded as it arrives. Busy (a generate call in flight): the buckets are pulled
+    while it decodes and loaded at once. Broken (a streamed load stopped half-way): a whole version."""
+    for in_flight, broken, streamed in ((0, False, True), (3, False, False), (0, True, False)):
+        engine, store = Engine(dropped=set()), Store(latest=(2, [5], 2))
+        engine.broken = broken
+        server = replica(engine, store, serial=1)
+        server.in_flight = in_flight
+        assert asyncio.run(server._load((2, [5], 2))) == 2
+        assert engine.streamed == [streamed], (in_flight, broken)
