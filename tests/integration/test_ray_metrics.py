@@ -27,8 +27,9 @@ ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "dashboards" / "dapo_run.json"
 RUN = "metrics-run"
 STEPS = 3
-# Logged only with a KL term, and only in a step where some token was up-clipped.
-OPTIONAL = {"actor/kl_loss", "actor/up_clipped_prob"}
+# Logged only with a KL term, only in a step where some token was up-clipped, and only with the rollout
+# correction on (algorithm.rollout_is).
+OPTIONAL = {"actor/kl_loss", "actor/up_clipped_prob"} | {k for k in METRICS if k.startswith("rollout_corr/")}
 
 pytestmark = pytest.mark.integration
 
