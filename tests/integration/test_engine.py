@@ -148,7 +148,7 @@ def test_concurrent_calls_share_the_batch_and_keep_their_own_prompts(engines, ti
     step = engine.llm.llm_engine.step
     engine.llm.llm_engine.step = lambda: (steps.append(engine.llm.llm_engine.get_num_unfinished_requests()), step())[1]
     # The load itself is tested in test_engine_weight_load.py; here it only sets the version.
-    engine._load_weights = lambda store_name, version, serial: setattr(engine, "version", version)
+    engine._load_weights = lambda store_name, version, serial, stream: setattr(engine, "version", version)
     try:
         first = engine.submit(prompts[:4], **greedy)
         time.sleep(0.05)  # the first call is running when the others arrive
