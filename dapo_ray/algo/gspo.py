@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import torch
 
-from dapo_ray.algo.loss import KlEstimator, LossAgg, counted_inputs, finish_policy_loss
+from dapo_ray.algo.loss import KlEstimator, LossAgg, counted_inputs, dual_clip, finish_policy_loss
 
 
 def gspo_policy_loss(
@@ -75,13 +75,7 @@ def gspo_policy_loss(
     unclipped_BT = -adv_BT * s_BT
     clipped_BT = -adv_BT * s_BT.clamp(1.0 - eps_low, 1.0 + eps_high)
     pg_BT = torch.maximum(unclipped_BT, clipped_BT)
-    dual_BT = None
-    if clip_ratio_c is not None:
-        if clip_ratio_c <= 1.0:
-            raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
-        bound_BT = -adv_BT * clip_ratio_c
-        dual_BT = (adv_BT < 0) & (pg_BT > bound_BT)
-        pg_BT = torch.where(adv_BT < 0, torch.minimum(pg_BT, bound_BT), pg_BT)
+    pg_BT, dual_BT = dual_clip(pg_BT, adv_BT, clip_ratio_c)
 
     with torch.no_grad():
         upper_BT = (adv_BT > 0) & (s_BT > 1.0 + eps_high)

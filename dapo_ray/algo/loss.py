@@ -205,6 +205,19 @@ def finish_policy_loss(
     return loss, stats
 
 
+def dual_clip(pg_BT: torch.Tensor, adv_BT: torch.Tensor, clip_ratio_c: float | None
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """verl's dual clip: for A < 0 the per-token term is also bounded by -A * c. Returns the bounded terms
+    and the tokens the bound acted on (None when `clip_ratio_c` is None: off)."""
+    if clip_ratio_c is None:
+        return pg_BT, None
+    if clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
+    bound_BT = -adv_BT * clip_ratio_c
+    dual_BT = (adv_BT < 0) & (pg_BT > bound_BT)
+    return torch.where(adv_BT < 0, torch.minimum(pg_BT, bound_BT), pg_BT), dual_BT
+
+
 def dapo_policy_loss(
     logp_BT: torch.Tensor,
     old_logp_BT: torch.Tensor,
@@ -244,13 +257,7 @@ def dapo_policy_loss(
     unclipped_BT = -adv_BT * ratio_BT
     clipped_BT = -adv_BT * ratio_BT.clamp(1.0 - eps_low, 1.0 + eps_high)
     pg_BT = torch.maximum(unclipped_BT, clipped_BT)
-    dual_BT = None
-    if clip_ratio_c is not None:
-        if clip_ratio_c <= 1.0:
-            raise ValueError(f"clip_ratio_c must be > 1, got {clip_ratio_c}")
-        bound_BT = -adv_BT * clip_ratio_c
-        dual_BT = (adv_BT < 0) & (pg_BT > bound_BT)
-        pg_BT = torch.where(adv_BT < 0, torch.minimum(pg_BT, bound_BT), pg_BT)
+    pg_BT, dual_BT = dual_clip(pg_BT, adv_BT, clip_ratio_c)
 
     with torch.no_grad():
         upper_BT = (adv_BT > 0) & (ratio_BT > 1.0 + eps_high)
