@@ -52,7 +52,7 @@ def cispo_policy_loss(
     1 - eps_low (whatever the advantage's sign: the token keeps its gradient either way).
     `clip_ratio_c` is accepted for a uniform call and ignored (see module docstring)."""
     del clip_ratio_c
-    mask_BT, _, old_logp_BT, adv_BT = counted_inputs(logp_BT, old_logp_BT, adv_B, mask_BT)
+    mask_BT, _, logp_BT, old_logp_BT, adv_BT = counted_inputs(logp_BT, old_logp_BT, adv_B, mask_BT)
     with torch.no_grad():
         ratio_BT = torch.exp((logp_BT - old_logp_BT).clamp(-20.0, 20.0))
         weight_BT = ratio_BT.clamp(1.0 - eps_low, 1.0 + eps_high)

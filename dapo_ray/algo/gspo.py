@@ -63,7 +63,7 @@ def gspo_policy_loss(
     token: `clipfrac_high` is the share of tokens in responses clipped at 1 + eps_high (A > 0),
     `ratio_mean` the mean of s_i over tokens. `clip_ratio_c` (verl's dual clip, not the paper's; off by
     default) bounds a negative-advantage response's term by -A * c as in DAPO."""
-    mask_BT, m, old_logp_BT, adv_BT = counted_inputs(logp_BT, old_logp_BT, adv_B, mask_BT)
+    mask_BT, m, logp_BT, old_logp_BT, adv_BT = counted_inputs(logp_BT, old_logp_BT, adv_B, mask_BT)
     with torch.no_grad():
         zero = torch.zeros((), dtype=logp_BT.dtype, device=logp_BT.device)
         log_ratio_BT = torch.where(m, logp_BT - old_logp_BT, zero)

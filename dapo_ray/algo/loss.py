@@ -29,7 +29,9 @@ The denominators (`total_tokens` for token-mean, `total_seqs` for the seq modes)
 own counts, but a trainer splitting a batch into micro-batches or across data-parallel workers must pass
 the **global** counts: then the sum of the per-shard losses (and of their gradients) is exactly the
 whole-batch loss, whatever the split. Positions outside the mask are *selected* out, not multiplied by
-zero, so a NaN or inf there (0 * nan = nan) never reaches the sum.
+zero, so a NaN or inf there (0 * nan = nan) never reaches the sum; every input, the policy's log-probs
+included, is replaced by a constant there before any arithmetic (`counted_inputs`), so none reaches a
+gradient either.
 
 **KL** (`kl_coef`, 0 in DAPO, section 2.3, which removes it; GRPO keeps it): when > 0, adds kl_coef times
 an estimate of KL(pi_theta || pi_ref) per token, aggregated the same way (verl's `use_kl_loss`). The
@@ -131,16 +133,19 @@ def aggregate(
 
 def counted_inputs(
     logp_BT: torch.Tensor, old_logp_BT: torch.Tensor, adv_B: torch.Tensor, mask_BT: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(mask as logp's dtype, counted positions, old log-probs, per-token advantages), with positions outside
-    the mask set to neutral values (ratio 1, advantage 0): a NaN or inf there (padding, an engine's -inf)
-    then reaches neither a sequence's sum (GSPO's ratio) nor a gradient."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mask as logp's dtype, counted positions, log-probs, old log-probs, per-token advantages), with
+    positions outside the mask set to constants (log-probs 0, so ratio 1; advantage 0): a NaN or inf there,
+    in any of the inputs (padding, an engine's -inf, a policy log-prob gone non-finite), then reaches
+    neither a sequence's sum (GSPO's ratio) nor the loss, and the gradient in `logp_BT` there is exactly 0
+    (`torch.where` sends none to the side it did not select, where 0 * nan would be nan)."""
     mask_BT = mask_BT.to(logp_BT.dtype)
     m = mask_BT > 0
     adv_BT = adv_B.unsqueeze(-1).expand_as(logp_BT) if adv_B.dim() == 1 else adv_B
-    old_logp_BT = torch.where(m, old_logp_BT, logp_BT.detach().to(old_logp_BT.dtype))
+    logp_BT = torch.where(m, logp_BT, torch.zeros((), dtype=logp_BT.dtype, device=logp_BT.device))
+    old_logp_BT = torch.where(m, old_logp_BT, torch.zeros((), dtype=old_logp_BT.dtype, device=old_logp_BT.device))
     adv_BT = torch.where(m, adv_BT, torch.zeros((), dtype=adv_BT.dtype, device=adv_BT.device))
-    return mask_BT, m, old_logp_BT, adv_BT
+    return mask_BT, m, logp_BT, old_logp_BT, adv_BT
 
 
 def finish_policy_loss(
@@ -250,7 +255,7 @@ def dapo_policy_loss(
     * `ppo_kl`: mean of (old_logp - logp), verl's k1 estimate of KL(pi_old || pi_theta);
     * `ratio_mean`; `kl_loss`: mean per-token KL estimate (when kl_coef > 0).
     """
-    mask_BT, _, old_logp_BT, adv_BT = counted_inputs(logp_BT, old_logp_BT, adv_B, mask_BT)
+    mask_BT, _, logp_BT, old_logp_BT, adv_BT = counted_inputs(logp_BT, old_logp_BT, adv_B, mask_BT)
     log_ratio_BT = (logp_BT - old_logp_BT).clamp(-20.0, 20.0)  # keep exp() finite
     ratio_BT = torch.exp(log_ratio_BT)
 

@@ -194,11 +194,14 @@ def test_every_loss_is_invariant_to_micro_batching_and_ranks(name, kw, mode, is_
 
 @pytest.mark.parametrize("name, kw", LOSS_CASES, ids=[c[0] for c in LOSS_CASES])
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
-def test_a_nan_in_a_masked_position_reaches_neither_loss_nor_gradient(name, kw, mode):
+@pytest.mark.parametrize("kl", [None, "mse"])
+def test_a_nan_in_a_masked_position_reaches_neither_loss_nor_gradient(name, kw, mode, kl):
     fn = POLICY_LOSSES[name]
     logits, tokens, old, rollout, mask, adv = _random_batch(1)
     logp = token_logprobs(logits, tokens).double()
     kw = dict(kw, loss_agg_mode=mode, norm_length=16.0)
+    if kl:  # a KL term whose estimator's gradient is not clamped (k2: d * grad d)
+        kw |= dict(kl_coef=0.1, kl_estimator=kl, ref_logp_BT=old - 0.1)
     w = rollout_is_weights(old, rollout, mask)[0]
     x = logp.clone().requires_grad_(True)
     clean, _ = fn(x, old, adv, mask, is_weights_BT=w, **kw)
@@ -213,9 +216,16 @@ def test_a_nan_in_a_masked_position_reaches_neither_loss_nor_gradient(name, kw, 
     dirty.backward()
     assert float(dirty) == float(clean)
     assert torch.equal(y.grad, x.grad)
-    # A NaN log-prob of the policy itself at a masked position: the loss is still the clean one.
-    z = torch.where(off, torch.tensor(float("nan"), dtype=torch.float64), logp)
-    assert float(fn(z, old, adv, mask, is_weights_BT=w, **kw)[0]) == float(clean)
+    # A NaN or inf log-prob of the policy itself at a masked position (the one input with a gradient): the
+    # loss is still the clean one, and so is its gradient, finite and exactly 0 at the masked positions.
+    assert torch.equal(x.grad[off], torch.zeros_like(x.grad[off]))
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        z = torch.where(off, torch.tensor(bad, dtype=torch.float64), logp).requires_grad_(True)
+        dirty, _ = fn(z, old, adv, mask, is_weights_BT=w, **kw)
+        dirty.backward()
+        assert float(dirty.detach()) == float(clean.detach())
+        assert torch.isfinite(z.grad).all(), f"{bad} at a masked position: non-finite gradient"
+        assert torch.equal(z.grad, x.grad)
 
 
 def test_aggregate_selects_rather_than_multiplies():
