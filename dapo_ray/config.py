@@ -141,7 +141,8 @@ class RolloutConfig:
     """Devices per replica (GPUs, or CPU workers of the CPU engine): vLLM's tensor parallelism."""
     gpu_fraction: float = 1.0
     """Share of a GPU each tensor-parallel rank reserves (device gpu): below 1 lets a rollout replica
-    and a trainer worker share one GPU (the smoke config); lower gpu_memory_utilization to match."""
+    and a trainer worker share one GPU (the smoke config; tensor_parallel_size 1 only); lower
+    gpu_memory_utilization to match."""
     gpu_memory_utilization: float = 0.85
     """vLLM's share of GPU memory (GPU only)."""
     cpu_kvcache_space_gib: int = 1
@@ -295,7 +296,7 @@ class TrainerConfig:
     """Train on GPUs (NCCL) instead of CPUs (gloo)."""
     gpu_fraction: float = 1.0
     """Share of a GPU each worker reserves (use_gpu): below 1 lets a trainer worker and a rollout
-    replica share one GPU (the smoke config)."""
+    replica share one GPU (the smoke config; one worker only)."""
     resources: dict[str, float] = field(default_factory=dict)
     """Ray custom resources each trainer worker needs besides its CPU/GPU, e.g. `{trainer: 1}`: workers
     then land only on nodes that declare them (a trainer node group)."""
@@ -666,5 +667,13 @@ def validate(cfg: Config) -> None:
         check(not bad, f"{key} takes custom resources with amounts > 0 (CPUs/GPUs have their own keys), got {bad}")
     for key, frac in (("rollout.gpu_fraction", r.gpu_fraction), ("trainer.gpu_fraction", t.gpu_fraction)):
         check(0.0 < frac <= 1.0, f"{key} must be in (0, 1], got {frac}")
+    # A fraction lets Ray pack several of the ranks it covers onto one GPU, and NCCL refuses two ranks of one
+    # group on one device: share a GPU only between one replica's single rank and one trainer worker.
+    check(r.device != "gpu" or r.gpu_fraction == 1.0 or r.tensor_parallel_size == 1,
+          f"rollout.gpu_fraction ({r.gpu_fraction}) below 1 needs rollout.tensor_parallel_size 1, got "
+          f"{r.tensor_parallel_size}: Ray could place two tensor-parallel ranks of one replica on one GPU")  # fmt: skip
+    check(not t.use_gpu or t.gpu_fraction == 1.0 or t.num_workers == 1,
+          f"trainer.gpu_fraction ({t.gpu_fraction}) below 1 needs trainer.num_workers 1, got {t.num_workers}: "
+          "Ray could place two data-parallel ranks (one NCCL group) on one GPU")  # fmt: skip
     check(cfg.weight_sync.keep_versions >= 1, "weight_sync.keep_versions must be >= 1")
     check(cfg.weight_sync.bucket_mb > 0, "weight_sync.bucket_mb must be > 0")

@@ -118,6 +118,23 @@ def test_bad_types_and_cross_field_checks():
         load_config(overrides=["data.source=synthetic", "data.warmup.target_acc=0"])
 
 
+def test_a_gpu_fraction_below_one_is_refused_where_ray_could_pack_two_ranks_of_one_group_on_a_gpu():
+    smoke = ROOT / "workflows" / "configs" / "gpu_smoke.yaml"
+    cfg = load_config(smoke)  # half a GPU each for one replica's single rank and one trainer worker
+    assert cfg.rollout.gpu_fraction == cfg.trainer.gpu_fraction == 0.5
+    with pytest.raises(ConfigError, match=r"rollout\.gpu_fraction \(0\.5\) below 1 needs "
+                                          r"rollout\.tensor_parallel_size 1, got 2"):  # fmt: skip
+        load_config(smoke, ["rollout.tensor_parallel_size=2"])
+    with pytest.raises(ConfigError, match=r"trainer\.gpu_fraction \(0\.5\) below 1 needs trainer\.num_workers 1, "
+                                          r"got 2"):  # fmt: skip
+        load_config(smoke, ["trainer.num_workers=2"])
+    whole = ["rollout.gpu_fraction=1.0", "trainer.gpu_fraction=1.0"]
+    load_config(smoke, [*whole, "rollout.tensor_parallel_size=2", "trainer.num_workers=2"])
+    # Where no GPU is reserved the fraction means nothing and is not checked.
+    load_config(overrides=["data.source=synthetic", "rollout.gpu_fraction=0.5", "rollout.tensor_parallel_size=2",
+                           "trainer.gpu_fraction=0.5", "trainer.num_workers=2"])  # fmt: skip
+
+
 def test_an_autoscaling_window_shorter_than_serves_reports_is_refused(monkeypatch):
     """Serve's replicas and handles report calls in flight every 10 s: a shorter look-back window sees
     gaps, and the fleet flaps (replicas stopped while they start)."""
