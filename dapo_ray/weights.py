@@ -9,16 +9,21 @@ Both sides call this module and nothing else of each other:
   copies the bucket's tensors into one of two reused host buffers (pinned on GPU), and a thread `ray.put`s
   it (uint8 numpy views: out of band, one copy straight into the node's object store) and hands the
   reference to the run's `WeightStore` (`add_bucket`) while the ranks gather the next bucket. Host copies
-  and network egress are spread over the trainer ranks, and no rank holds more than two buckets beyond
-  its model;
+  and network egress are spread over the trainer ranks. A rank's buffers are the size of the largest
+  bucket *it* owns, and it has one only when it owns one bucket: at 32B on 64 ranks (67 buckets: the
+  embedding and the output layer, 1.56 GB each, and 64 decoder layers of 0.98 GB, each above the
+  256 MiB bucket size) the three ranks that own two buckets hold 2 x 1.56 or 2 x 0.98 GB, the others
+  one 0.98 GB buffer, 13 GB of pinned memory on the first 8-GPU node and 7.8 GB on each other one;
 * **each replica** `await store.wait_newer.remote(serial)`: a long poll that returns the moment a newer
   publish *starts* (its first bucket is in), with its version, bucket count and serial;
 * **an idle replica** (no call in flight: a strictly on-policy run waiting for the new weights) has its
   engine load each bucket as soon as it is in (`BucketStream`), so the load of bucket k overlaps the
-  gather of bucket k+1 and the version is served moments after the last bucket is put;
-* **a busy replica** pulls every bucket to its node as soon as it is in (`RolloutServer._prefetch`:
-  object transfer, no shared file system, while the trainer still gathers the next buckets and while the
-  engine goes on decoding), then has its engine load the version in one job between two decoding steps;
+  gather of the next ones and the pull of buckets k+1 .. k+AHEAD to the replica's node, and the version
+  is served moments after the last bucket is put;
+* **a busy replica** pulls every bucket to its node as soon as it is in, AHEAD + 1 transfers at a time
+  (`RolloutServer._prefetch`: object transfer, no shared file system, while the trainer still gathers the
+  next buckets and while the engine goes on decoding), then has its engine load the version in one job
+  between two decoding steps;
 * **each vLLM worker of the replica** takes the buckets' references from the store and maps them from its
   node's object store, and feeds them to vLLM's weight loader. References come from Ray calls only, never
   through vLLM's own messages to its workers (plain pickle, which drops a reference's owner: its `ray.get`
@@ -45,6 +50,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
+import threading
 import time
 from dataclasses import dataclass
 
@@ -67,9 +74,6 @@ class BucketSender:
 
     def __init__(self, store, version: int, publish_id: int, count: int, capacity: int, pinned: bool = False,
                  buffers: int = 2) -> None:  # fmt: skip
-        import queue
-        import threading
-
         self.store, self.version, self.publish_id, self.count = store, version, publish_id, count
         self.nbytes = 0
         self._free: queue.Queue = queue.Queue()
@@ -139,8 +143,10 @@ def send_buckets(store, version: int, publish_id: int, groups: list, sizes: list
     (name, tensor) pairs, is entered for every group on every rank, in order (the trainer's ZeRO-3 gather,
     a collective); the tensors are copied into the host buffer inside it. Default: the tensors as given."""
     plan = bucket_plan(sizes, int(bucket_mb * 2**20))
-    capacity = max((sum(sizes[i] for i in b) for b in plan), default=1)
-    sender = BucketSender(store, version, publish_id, len(plan), capacity, pinned=pinned)
+    # Host buffers for the buckets this rank owns only: the largest of them, and one buffer if it owns one.
+    owned = [sum(sizes[i] for i in b) for k, b in enumerate(plan) if k % world == rank]
+    sender = BucketSender(store, version, publish_id, len(plan), max(owned, default=1), pinned=pinned,
+                          buffers=min(2, len(owned)))  # fmt: skip
     for k, bucket in enumerate(plan):
         mine = k % world == rank
         buf, offset, specs = (sender.buffer() if mine else None), 0, []
@@ -190,31 +196,73 @@ def fetch(store, version: int, serial: int) -> list[tuple[str, torch.Tensor]]:
     return [item for ref in refs for item in unpack_bucket(ray.get(ref))]
 
 
+AHEAD = 2
+"""Buckets a replica pulls to its node beyond the one its engine loads (`BucketStream`; a busy replica's
+`RolloutServer._prefetch` keeps AHEAD + 1 transfers in flight). At 32B a bucket is a decoder layer
+(0.98 GB): the transfer of the next two overlaps the load of one, for 3 GB of the node's object store."""
+
+
 class BucketStream:
     """The tensors of one publish, bucket by bucket, each as soon as it is in (views of the bucket on this
     node): iterate once. `count` is the publish's bucket count, None when the store does not hold it. The
     iteration stops early when the publish is dropped (a later one started: the trainer restarted) or a
-    bucket is lost (its rank died); `complete` then stays False. `loaded`: tensors handed out."""
+    bucket is lost (its rank died); `complete` then stays False. `loaded`: tensors handed out.
 
-    def __init__(self, store, version: int, serial: int, timeout_s: float = 600.0) -> None:
-        self.store, self.version, self.serial, self.timeout_s = store, version, serial, timeout_s
+    While the caller loads bucket k, a thread asks the store for buckets k+1 .. k+`ahead` (each as soon as
+    it is in) and pulls them to this node, so the transfer overlaps the load; it holds no more than that."""
+
+    def __init__(self, store, version: int, serial: int, timeout_s: float = 600.0, ahead: int = AHEAD) -> None:
+        self.store, self.version, self.serial, self.timeout_s, self.ahead = store, version, serial, timeout_s, ahead
         self.count = ray.get(store.bucket_count.remote(version, serial)) or None
         self.complete = False
         self.loaded = 0
 
     def __iter__(self):
+        pulled: queue.Queue = queue.Queue()  # references in bucket order; None: publish gone; or an error
+        slots = threading.Semaphore(1 + self.ahead)  # the bucket being loaded and those pulled ahead of it
+        stop = threading.Event()
+        threading.Thread(target=self._pull, args=(pulled, slots, stop), name="weights-pull", daemon=True).start()
+        try:
+            for _ in range(self.count or 0):
+                ref = pulled.get()
+                if isinstance(ref, BaseException):  # the store's call failed: raised here, as without the thread
+                    raise ref
+                if ref is None:
+                    return
+                try:
+                    bucket = ray.get(ref)
+                except ray.exceptions.ObjectLostError:
+                    return
+                for item in unpack_bucket(bucket):
+                    self.loaded += 1
+                    yield item
+                slots.release()
+            self.complete = self.count is not None
+        finally:
+            stop.set()
+            slots.release()  # a puller waiting for a slot sees `stop`
+
+    def _pull(self, pulled: queue.Queue, slots: threading.Semaphore, stop: threading.Event) -> None:
+        """Bucket by bucket, once a slot is free: its reference from the store (as soon as it is in), then
+        its bytes to this node (`ray.wait(fetch_local=True)` pulls without deserializing)."""
         for k in range(self.count or 0):
-            box = ray.get(self.store.bucket.remote(self.version, self.serial, k, self.timeout_s))
-            if box[0] is None:
+            slots.acquire()
+            if stop.is_set():
                 return
             try:
-                bucket = ray.get(box[0])
-            except ray.exceptions.ObjectLostError:
+                ref = ray.get(self.store.bucket.remote(self.version, self.serial, k, self.timeout_s))[0]
+            except BaseException as e:  # noqa: BLE001 - handed to the iterating thread
+                pulled.put(e)
                 return
-            for item in unpack_bucket(bucket):
-                self.loaded += 1
-                yield item
-        self.complete = self.count is not None
+            # Until it is local (a lost object is ready too: its error takes its place), `stop`, or the
+            # timeout; the iterating thread's `ray.get` then waits or raises as it would have anyway.
+            deadline = time.monotonic() + self.timeout_s
+            while ref is not None and not stop.is_set() and time.monotonic() < deadline:
+                if ray.wait([ref], fetch_local=True, timeout=1.0)[0]:
+                    break
+            pulled.put(ref)
+            if ref is None:
+                return
 
 
 class Superseded(RuntimeError):

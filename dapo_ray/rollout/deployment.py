@@ -31,7 +31,7 @@ from dapo_ray.config import RolloutConfig
 from dapo_ray.placement import replica_options
 from dapo_ray.ray_metrics import ReplicaMetrics
 from dapo_ray.rollout.engine import Completion, Engine, engine_env
-from dapo_ray.weights import Superseded, get_store
+from dapo_ray.weights import AHEAD, Superseded, get_store
 
 APP_NAME = "dapo-rollout"
 
@@ -103,14 +103,29 @@ class RolloutServer:
 
     async def _prefetch(self, version: int, serial: int) -> None:
         """Pull every bucket of publish `serial` to this node as soon as it is in (the trainer may still be
-        gathering the next ones), while the engine goes on decoding; the load then reads them locally. A
-        publish dropped meanwhile is left to the load, which says so."""
+        gathering the next ones), AHEAD + 1 transfers in flight, while the engine goes on decoding; the load
+        then reads them locally. A publish dropped meanwhile is left to the load, which says so."""
         count = await self.store.bucket_count.remote(version, serial)
-        for k in range(count or 0):
+
+        async def pull(k: int) -> bool:
             box = await self.store.bucket.remote(version, serial, k, 600.0)
             if box[0] is None:
-                return
+                return False
             await box[0]  # into this node's object store (mapped, not copied, here; dropped at once)
+            return True
+
+        in_flight: list[asyncio.Task] = []
+        try:
+            for k in range(count or 0):
+                in_flight.append(asyncio.ensure_future(pull(k)))
+                if len(in_flight) > AHEAD and not await in_flight.pop(0):
+                    return
+            while in_flight:
+                if not await in_flight.pop(0):
+                    return
+        finally:
+            for task in in_flight:
+                task.cancel()
 
     async def _follow(self) -> None:
         """Load each publish as soon as it happens; the 2 s timeout doubles as a liveness ack."""

@@ -168,3 +168,52 @@ def test_a_bucket_stream_hands_out_each_bucket_as_it_comes_and_says_when_it_stop
         assert [name for name, _ in got] == (["w", "b"] if complete else ["w"]) and stream.loaded == len(got)
         assert got[0][1].tolist() == [float(version)] * 2
     assert weights.BucketStream(store, 2, serial).count is None  # no longer held
+
+
+class _Asking:
+    """The store seen through a replica's worker, noting which buckets it asked for (in this process)."""
+
+    def __init__(self, store) -> None:
+        self.asked: list[int] = []
+        self.bucket_count = store.bucket_count
+        asked, bucket = self.asked, store.bucket
+
+        class Bucket:
+            def remote(self, version, serial, index, timeout_s):
+                asked.append(index)
+                return bucket.remote(version, serial, index, timeout_s)
+
+        self.bucket = Bucket()
+
+
+def test_a_bucket_stream_pulls_the_next_buckets_while_the_current_one_is_loaded(store):
+    """While the caller still holds bucket k's last tensor (vLLM's loader copying it to the device), the
+    stream has asked the store for buckets k+1 .. k+AHEAD and pulled them to this node, so their transfer
+    overlaps the load; it asks for no bucket beyond those."""
+    for k in range(5):
+        ray.get(store.add_bucket.remote(1, 7, k, 5, [_bucket(f"t{k}", k)]))
+    asking = _Asking(store)
+    stream = weights.BucketStream(asking, 1, 1, timeout_s=30.0)
+    tensors = iter(stream)
+    name, _ = next(tensors)  # bucket 0's only tensor, so its last: held, as a load in progress holds it
+    ahead = list(range(1 + weights.AHEAD))
+    deadline = time.time() + 10
+    while sorted(asking.asked) != ahead and time.time() < deadline:
+        time.sleep(0.01)
+    assert name == "t0" and sorted(asking.asked) == ahead
+    time.sleep(0.5)
+    assert sorted(asking.asked) == ahead  # no further: the node holds at most AHEAD buckets beyond the loaded one
+    assert [n for n, _ in tensors] == ["t1", "t2", "t3", "t4"] and stream.complete and stream.loaded == 5
+    assert asking.asked == list(range(5))
+
+
+def test_each_rank_sizes_its_host_buffers_for_the_buckets_it_owns(store):
+    """Two ranks publish one version: the 256 KiB bucket's owner holds one buffer of that size, the owner of
+    the 20-byte bucket one of 64 bytes (not two of the largest bucket each); the publish is whole."""
+    groups = [[("w", torch.full((256, 256), 2.0))], [("b", torch.arange(5.0))]]
+    sizes = [weights.aligned(t.numel() * t.element_size()) for (_, t), in groups]
+    for rank, room in ((1, 64), (0, 256 * 256 * 4)):
+        weights.send_buckets(store, 1, 55, groups, sizes, 1 / 16, rank=rank, world=2)
+        assert list(weights._BUFFERS) == [(room, False, 1)]
+    out = dict(weights.fetch(store, 1, 1))
+    assert float(out["w"][0, 0]) == 2.0 and torch.equal(out["b"], torch.arange(5.0))

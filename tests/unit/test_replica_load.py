@@ -88,3 +88,65 @@ def test_an_idle_replica_streams_its_load_and_a_busy_or_broken_one_loads_a_whole
         server.in_flight = in_flight
         assert asyncio.run(server._load((2, [5], 2))) == 2
         assert engine.streamed == [streamed], (in_flight, broken)
+
+
+class Gated:
+    """A store whose buckets come in when the test lets them (`arrive`), noting the order they were asked for
+    and how many asks are (and were at most) outstanding; `dropped`: from that bucket on, the publish is gone."""
+
+    def __init__(self, count: int, dropped: int | None = None) -> None:
+        self.asked: list[int] = []
+        self.outstanding = self.most = 0
+        self.ready: dict[int, asyncio.Event] = {}
+        self.dropped = dropped
+        self.bucket_count = Remote(lambda version, serial: count)
+        self.bucket = self
+
+    def arrive(self, k: int) -> None:
+        self.ready.setdefault(k, asyncio.Event()).set()
+
+    def remote(self, version, serial, k, timeout_s):
+        self.asked.append(k)
+
+        async def call():
+            self.outstanding += 1
+            self.most = max(self.most, self.outstanding)
+            try:
+                await self.ready.setdefault(k, asyncio.Event()).wait()
+            finally:
+                self.outstanding -= 1
+            if self.dropped is not None and k >= self.dropped:
+                return [None]
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(None)  # the bucket's reference: awaiting it pulls the bytes here
+            return [done]
+
+        return call()
+
+
+def test_a_busy_replica_pulls_several_buckets_at_once_and_stops_at_a_dropped_publish():
+    """`_prefetch` keeps AHEAD + 1 buckets in flight: with none arrived yet it has asked for buckets
+    0 .. AHEAD (one at a time, it would have asked for bucket 0 only); each arrival lets one more go, never
+    more than AHEAD + 1 outstanding. A publish dropped half-way ends it, and the asks still waiting end too."""
+    from dapo_ray.weights import AHEAD
+
+    async def run(store: Gated, arrivals: int) -> list[int]:
+        server = replica(Engine(dropped=set()), Store(latest=(2, [6], 2)), serial=1)
+        server.store = store
+        task = asyncio.ensure_future(server._prefetch(2, 2))
+        for _ in range(20):
+            await asyncio.sleep(0)
+        first = list(store.asked)
+        for k in range(arrivals):
+            store.arrive(k)
+            for _ in range(20):
+                await asyncio.sleep(0)
+        await asyncio.wait_for(task, 5.0)
+        return first
+
+    whole = Gated(count=6)
+    assert asyncio.run(run(whole, arrivals=6)) == list(range(AHEAD + 1))
+    assert whole.asked == list(range(6)) and whole.most == AHEAD + 1
+    cut = Gated(count=8, dropped=2)  # buckets 0 and 1 arrive, each letting one more ask go; then it is gone
+    asyncio.run(run(cut, arrivals=3))
+    assert cut.asked == list(range(AHEAD + 3)) and cut.outstanding == 0
