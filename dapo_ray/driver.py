@@ -21,7 +21,7 @@ from pathlib import Path
 from dapo_ray import storage
 from dapo_ray.algo import BatchFiller
 from dapo_ray.config import Config, check_model_fits
-from dapo_ray.data import load_prompts, synthetic_prompts, tokenize_prompts
+from dapo_ray.data import load_prompts, synthetic_rows, tokenize_prompts
 from dapo_ray.metrics import Tracker, end_failed_run
 from dapo_ray.pipeline import SamplingSpec, generate_round, scoring_spec
 from dapo_ray.placement import worker_resources
@@ -88,7 +88,7 @@ def prepare_prompts(cfg: Config, tokenizer) -> tuple[list[dict], list[dict]]:
     """(train rows, held-out rows) with `prompt_ids`, prompts over max_prompt_length dropped."""
     d = cfg.data
     if d.source == "synthetic":
-        train, held_out = synthetic_prompts(**dataclasses.asdict(d.synthetic))
+        train, held_out = synthetic_rows(dataclasses.asdict(d.synthetic), d.template)
         log(f"synthetic task ({d.synthetic.flavour}): {len(train)} train / {len(held_out)} held-out problems")
     else:
         train, report = load_prompts(d.train_files, d.template, d.dedupe, d.on_bad_row)

@@ -220,7 +220,7 @@ def load_eval_set(cfg, tokenizer) -> tuple[str, list[dict], int]:
     training), ground_truth and the problem's first words. Prompts longer than data.max_prompt_length
     tokens are dropped, as in training."""
     from dapo_ray.config import ConfigError
-    from dapo_ray.data import load_prompts, synthetic_prompts, tokenize_prompts
+    from dapo_ray.data import load_prompts, synthetic_rows, tokenize_prompts
     from dapo_ray.progress import log
 
     d = cfg.data
@@ -229,7 +229,7 @@ def load_eval_set(cfg, tokenizer) -> tuple[str, list[dict], int]:
         log(f"eval data: {report}")
         name = "+".join(Path(f).stem for f in cfg.eval.files)
     elif d.source == "synthetic":
-        _, rows = synthetic_prompts(**dataclasses.asdict(d.synthetic))
+        _, rows = synthetic_rows(dataclasses.asdict(d.synthetic), d.template)
         name = "synthetic-held-out"
     else:
         raise ConfigError("nothing to evaluate: give --files (or eval.files), or a config with data.source: synthetic")

@@ -153,3 +153,30 @@ def test_symbols_style_is_left_to_right():
     for _ in range(200):
         text, answer, _ = synthetic_problem(rng, 3, 0, 20, "+-*", style="symbols")
         assert eval(text[:-1]) == int(answer), text  # the test evaluates its own generated text
+
+
+def test_question_style_asks_as_a_user_asks_a_chat_model_and_carries_the_instruction():
+    import random as _random
+
+    from dapo_ray.data import synthetic_problem
+
+    assert synthetic_problem(_random.Random(0), 2, 0, 99, "+", style="question")[:2] == ("What is 49 + 5?", "54")
+    rng = _random.Random(5)
+    for _ in range(200):  # the same left-to-right expression as the symbols style, spaced
+        text, answer, _ = synthetic_problem(rng, 3, 0, 20, "+-*", style="question")
+        assert text.startswith("What is ") and eval(text[len("What is ") : -1]) == int(answer), text
+    tr, ev = synthetic_prompts(20, 5, max_operand=20, style="question", instruction="Reply with the number only.")
+    assert all(r["messages"][0]["content"].endswith("? Reply with the number only.") for r in tr + ev)
+
+
+def test_synthetic_rows_take_the_dapo_template_when_asked():
+    from dapo_ray.data import strip_dapo_template, synthetic_rows
+
+    kw = dict(num_train=10, num_eval=5, max_operand=20, style="question")
+    plain, _ = synthetic_rows(kw, "none")
+    templated, held_out = synthetic_rows(kw, "dapo")
+    assert [r["messages"] for r in plain] == [r["messages"] for r in synthetic_prompts(**kw)[0]]
+    for a, b in zip(plain, templated, strict=True):
+        text = b["messages"][0]["content"]
+        assert text.startswith(DAPO_PREFIX) and strip_dapo_template(text) == a["messages"][0]["content"]
+    assert all(r["messages"][0]["content"].startswith(DAPO_PREFIX) for r in held_out)
