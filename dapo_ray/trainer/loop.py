@@ -16,7 +16,9 @@ import os
 import shutil
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -24,7 +26,7 @@ from dapo_ray.algo import POLICY_LOSSES, behaviour_logprobs, rollout_is_weights
 from dapo_ray.config import Config
 from dapo_ray.ray_metrics import TrainerMetrics, run_name
 from dapo_ray.trainer import collective
-from dapo_ray.trainer.batch import pad_micro
+from dapo_ray.trainer.batch import Micro, pad_micro
 from dapo_ray.trainer.policy import PolicyLM, head_chunks
 
 # Loss statistics averaged over tokens (weighted by each micro-batch's token count).
@@ -134,30 +136,113 @@ def _grad_norm(engine) -> float:
     return float(torch.nn.utils.get_total_norm([p.grad for p in params])) if params else 0.0
 
 
+@dataclass
+class _Totals:
+    """This rank's running sums over one step (float64, as the metrics divide them), summed over ranks by
+    `reduced` in one all-reduce."""
+
+    tokens: float = 0.0  # response tokens (counted in the first epoch)
+    entropy: float = 0.0  # summed over those tokens
+    logprob_diff: float = 0.0  # |recomputed - engine| summed over fresh tokens (of the current version)
+    fresh_tokens: float = 0.0
+    up_clipped_tokens: float = 0.0  # this and the next: means over epochs
+    up_clipped_prob: float = 0.0  # the sum of their old probabilities
+    # SUM_KEYS, each weighted by its micro-batch's tokens
+    loss_stats: dict[str, float] = field(default_factory=lambda: dict.fromkeys(SUM_KEYS, 0.0))
+
+    def add_loss_stats(self, stats: dict[str, float], epochs: int) -> None:
+        """One micro-batch's policy-loss statistics; each epoch's count 1/epochs (the mean over epochs)."""
+        n = stats["n_tokens"] / epochs
+        if stats["up_clipped_tokens"]:
+            self.up_clipped_tokens += stats["up_clipped_tokens"] / epochs
+            self.up_clipped_prob += stats["up_clipped_prob"] * stats["up_clipped_tokens"] / epochs
+        for k in SUM_KEYS:
+            self.loss_stats[k] += stats.get(k, 0.0) * n
+
+    def reduced(self, device) -> _Totals:
+        """The sums over all ranks (every rank must call it)."""
+        head = [self.tokens, self.entropy, self.logprob_diff, self.fresh_tokens,
+                self.up_clipped_tokens, self.up_clipped_prob]  # fmt: skip
+        packed_N = torch.tensor([*head, *(self.loss_stats[k] for k in SUM_KEYS)], dtype=torch.float64)
+        summed = collective.all_reduce(packed_N, device).tolist()
+        return _Totals(*summed[: len(head)], loss_stats=dict(zip(SUM_KEYS, summed[len(head) :], strict=True)))
+
+
+@dataclass
+class _CorrectionTotals:
+    """The rollout correction's statistics on this rank: its tokens, the IS_KEYS means weighted by them, and
+    the largest weight; `reduced` sums (and takes the maximum) over ranks."""
+
+    tokens: float = 0.0
+    sums: dict[str, float] = field(default_factory=lambda: dict.fromkeys(IS_KEYS, 0.0))
+    max_weight: float = 0.0
+
+    def add(self, st: dict[str, float]) -> None:
+        self.tokens += st["n_tokens"]
+        for k in IS_KEYS:
+            self.sums[k] += st[k] * st["n_tokens"]
+        if st["n_tokens"]:
+            self.max_weight = max(self.max_weight, st["rollout_is_max"])
+
+    def reduced(self, device) -> _CorrectionTotals:
+        """Over all ranks: two all-reduces (a sum, then a maximum), which every rank must make."""
+        sums_N = torch.tensor([self.tokens, *(self.sums[k] for k in IS_KEYS)], dtype=torch.float64)
+        summed = collective.all_reduce(sums_N, device)
+        peak = collective.all_reduce(torch.tensor([self.max_weight], dtype=torch.float64), device, op="max")
+        tokens, *sums = summed.tolist()
+        return _CorrectionTotals(tokens, dict(zip(IS_KEYS, sums, strict=True)), peak.item())
+
+
+class _Prepared(NamedTuple):
+    """A micro-batch ready for the update: its tensors and what the pass before the update made of it."""
+
+    m: Micro
+    old_BT: torch.Tensor  # behaviour log-probs
+    ref_BT: torch.Tensor | None  # the reference model's, with a KL term
+    is_w_BT: torch.Tensor | None  # rollout-correction weights, with `algorithm.rollout_is`
+
+
+@dataclass
+class _Updates:
+    """What the update loop did on this rank."""
+
+    grad_norms: list[float]  # of each update applied
+    steps: int  # optimizer steps, skipped ones included
+    skipped: int  # updates not applied: their gradient held a NaN/inf
+    trailing_skipped: int  # of those, how many in a row ended the step
+    tokens: float  # response tokens trained on, over all epochs
+
+
 def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world: int) -> dict[str, float]:
     """One RL step's updates on this rank's shard; `version` is the policy version of the current
     weights. Returns metrics that are already reduced over ranks."""
-    t, a = cfg.trainer, cfg.algorithm
-    temperature = cfg.rollout.temperature
-    device = engine.device
+    t = cfg.trainer
     t0 = time.time()
     lr = t.lr * min(1.0, (version + 1) / t.warmup_steps) if t.warmup_steps else t.lr
     for group in engine.optimizer.param_groups:
         group["lr"] = lr
-    # tokens, entropy sum, |recomputed - engine| sum over fresh tokens (tokens of the current version),
-    # fresh tokens, up-clipped tokens and the sum of their old probabilities, SUM_KEYS sums
-    totals = torch.zeros(6 + len(SUM_KEYS), dtype=torch.float64)
-    # rollout correction: tokens, then IS_KEYS sums (means weighted by tokens), and the largest weight
-    is_totals, is_max = torch.zeros(1 + len(IS_KEYS), dtype=torch.float64), torch.zeros(1, dtype=torch.float64)
+    totals, correction = _Totals(), _CorrectionTotals()
+    prepared = _prepare(engine, ref, shard, version, cfg, totals, correction)
+    t_old = time.time() - t0
+    updates = _update(engine, prepared, cfg, world, totals)
+    t_update = time.time() - t0 - t_old
+    # Collectives, the same on every rank: the totals, then (when on) the correction's.
+    totals = totals.reduced(engine.device)
+    correction = correction.reduced(engine.device) if cfg.algorithm.rollout_is != "none" else None
+    return _step_metrics(totals, correction, updates, lr, t_old, t_update, with_kl=ref is not None)
 
-    # 1. Behaviour log-probs (and reference log-probs for the KL term), before any update. A token an
-    # older policy sampled takes the engine's log-prob (`behaviour_logprobs`), so the trainer's own are
-    # needed only for tokens of the current version. When no rank holds one and there is no KL term
-    # (the steady state while generation overlaps training), the forward pass is skipped. Every rank
-    # decides alike: under ZeRO-3 a forward is a collective.
+
+def _prepare(engine, ref, shard: list[dict], version: int, cfg: Config, totals: _Totals,
+             correction: _CorrectionTotals) -> list[tuple[dict, list[_Prepared]]]:  # fmt: skip
+    """Behaviour log-probs (and reference log-probs for the KL term), before any update; each mini-batch
+    with its prepared micro-batches. A token an older policy sampled takes the engine's log-prob
+    (`behaviour_logprobs`), so the trainer's own are needed only for tokens of the current version. When
+    no rank holds one and there is no KL term (the steady state while generation overlaps training), the
+    forward pass is skipped. Every rank decides alike: under ZeRO-3 a forward is a collective."""
     fresh_here = any(s["weight"] > 0 and max(s["token_versions"], default=-1) >= version
                      for mini in shard for micro in mini["micro"] for s in micro)  # fmt: skip
-    any_fresh = collective.all_reduce(torch.tensor([float(fresh_here)]), device, op="max")
+    # Every rank joins this all-reduce, with a reference model too.
+    any_fresh = collective.all_reduce(torch.tensor([float(fresh_here)]), engine.device, op="max")
     recompute = ref is not None or bool(any_fresh.item())
     engine.eval()
     prepared = []
@@ -166,106 +251,126 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
             micros = []
             for samples in mini["micro"]:
                 m = pad_micro(samples, PAD_ID)
-                off_policy_BT = m.version_BT < version
-                fresh = (m.mask_BT > 0).double() * (~off_policy_BT).double()
-                totals[3] += fresh.sum()
-                old, ref_logp = m.rollout_BT, None
-                if recompute:
-                    ids, att = m.ids_BL.to(device), m.att_BL.to(device)
-                    logp = engine(ids, att, temperature)[0].float().cpu()
-                    old = behaviour_logprobs(logp, m.rollout_BT, off_policy_BT)
-                    totals[2] += ((logp - m.rollout_BT).abs() * fresh).sum()
-                    if ref is not None:
-                        ref_logp = ref(ids, att, temperature)[0].float().cpu()
-                # pi_old / pi_rollout: exactly 1 where `old` is the engine's log-prob already (older versions).
-                # Every response lies whole in one micro-batch (batch.build_shards), as the sequence level needs.
-                is_w = None
-                if a.rollout_is != "none":
-                    is_w, st = rollout_is_weights(old, m.rollout_BT, m.mask_BT, level=a.rollout_is,
-                                                  threshold=a.rollout_is_threshold, mode=a.rollout_is_mode)  # fmt: skip
-                    is_totals[0] += st["n_tokens"]
-                    for j, k in enumerate(IS_KEYS):
-                        is_totals[1 + j] += st[k] * st["n_tokens"]
-                    if st["n_tokens"]:
-                        is_max[0] = max(float(is_max[0]), st["rollout_is_max"])
-                micros.append((m, old, ref_logp, is_w))
+                micros.append(_prepare_micro(engine, ref, m, version, recompute, cfg, totals, correction))
             prepared.append((mini, micros))
-    t_old = time.time() - t0
+    return prepared
 
-    # 2. ppo_epochs passes; each mini-batch is one optimizer step. The first pass also measures the
-    # policy's entropy, each mini-batch at the weights it is updated from (as verl does).
+
+def _prepare_micro(engine, ref, m: Micro, version: int, recompute: bool, cfg: Config, totals: _Totals,
+                   correction: _CorrectionTotals) -> _Prepared:  # fmt: skip
+    """One micro-batch's behaviour (and reference) log-probs and rollout-correction weights."""
+    a, temperature = cfg.algorithm, cfg.rollout.temperature
+    off_policy_BT = m.version_BT < version
+    fresh_BT = (m.mask_BT > 0).double() * (~off_policy_BT).double()
+    totals.fresh_tokens += float(fresh_BT.sum())
+    old_BT, ref_BT = m.rollout_BT, None
+    if recompute:
+        ids_BL, att_BL = m.ids_BL.to(engine.device), m.att_BL.to(engine.device)
+        logp_BT = engine(ids_BL, att_BL, temperature)[0].float().cpu()
+        old_BT = behaviour_logprobs(logp_BT, m.rollout_BT, off_policy_BT)
+        totals.logprob_diff += float(((logp_BT - m.rollout_BT).abs() * fresh_BT).sum())
+        if ref is not None:
+            ref_BT = ref(ids_BL, att_BL, temperature)[0].float().cpu()
+    # pi_old / pi_rollout: exactly 1 where `old` is the engine's log-prob already (older versions).
+    # Every response lies whole in one micro-batch (batch.build_shards), as the sequence level needs.
+    is_w_BT = None
+    if a.rollout_is != "none":
+        is_w_BT, stats = rollout_is_weights(
+            old_BT, m.rollout_BT, m.mask_BT,
+            level=a.rollout_is, threshold=a.rollout_is_threshold, mode=a.rollout_is_mode,
+        )  # fmt: skip
+        correction.add(stats)
+    return _Prepared(m, old_BT, ref_BT, is_w_BT)
+
+
+def _update(engine, prepared: list[tuple[dict, list[_Prepared]]], cfg: Config, world: int,
+            totals: _Totals) -> _Updates:  # fmt: skip
+    """ppo_epochs passes; each mini-batch is one optimizer step. The first pass also measures the
+    policy's entropy, each mini-batch at the weights it is updated from (as verl does)."""
+    t = cfg.trainer
     engine.train()
-    grad_norms, steps_before, skipped_before = [], engine.global_steps, engine.skipped_steps
-    skipped_seen, trailing_skipped = skipped_before, 0
-    policy_loss = POLICY_LOSSES[a.policy_loss]
+    steps_before, skipped_before = engine.global_steps, engine.skipped_steps
+    grad_norms, trailing_skipped = [], 0
     for epoch in range(t.ppo_epochs):
         for mini, micros in prepared:
-            for i, (m, old, ref_logp, is_w) in enumerate(micros):
+            for i, p in enumerate(micros):
                 # The mini-batch's last micro-batch is the accumulation boundary (gradients reduced over
                 # ranks, one optimizer step), marked here: with micro_batch_tokens the count varies from
                 # one mini-batch to the next (it is the same on every rank: build_shards).
                 engine.set_gradient_accumulation_boundary(i == len(micros) - 1)
-                ids, att = m.ids_BL.to(device), m.att_BL.to(device)
-                logp, ent = engine(ids, att, temperature, with_entropy=epoch == 0)
-                if ent is not None:
-                    real = (m.mask_BT > 0).double()
-                    totals[0] += real.sum()
-                    totals[1] += (ent.float().cpu() * real).sum()
-                loss, stats = policy_loss(
-                    logp, old.to(device), m.adv_B.to(device), m.mask_BT.to(device),
-                    eps_low=a.eps_low, eps_high=a.eps_high, clip_ratio_c=a.clip_ratio_c,
-                    loss_agg_mode=a.loss_agg_mode, total_tokens=mini["total_tokens"], total_seqs=mini["total_seqs"],
-                    norm_length=cfg.rollout.max_response_length,
-                    kl_coef=a.kl_coef, ref_logp_BT=None if ref_logp is None else ref_logp.to(device),
-                    kl_estimator=a.kl_estimator, is_weights_BT=None if is_w is None else is_w.to(device),
-                )  # fmt: skip
-                # The global denominators already make the sum over micro-batches and ranks exact:
-                # DeepSpeed must not divide by its accumulation count (scale_wrt_gas) and its average
-                # over ranks is undone.
-                engine.backward(loss * world, scale_wrt_gas=False)
-                n = stats["n_tokens"] / t.ppo_epochs  # statistics: the mean over epochs
-                if stats["up_clipped_tokens"]:
-                    totals[4] += stats["up_clipped_tokens"] / t.ppo_epochs
-                    totals[5] += stats["up_clipped_prob"] * stats["up_clipped_tokens"] / t.ppo_epochs
-                for j, k in enumerate(SUM_KEYS):
-                    totals[6 + j] += stats.get(k, 0.0) * n
-            stage0_norm = _grad_norm(engine) if t.zero_stage == 0 else None
-            engine.step()
-            if engine.skipped_steps > skipped_seen:  # this update held a NaN/inf: not applied
-                skipped_seen, trailing_skipped = engine.skipped_steps, trailing_skipped + 1
+                _micro_step(engine, p, mini, epoch == 0, cfg, world, totals)
+            norm = _optimizer_step(engine, t.zero_stage)
+            if norm is None:  # this update held a NaN/inf: not applied
+                trailing_skipped += 1
             else:
                 trailing_skipped = 0
-                grad_norms.append(stage0_norm if stage0_norm is not None else float(engine.get_global_grad_norm() or 0.0))
-    t_update = time.time() - t0 - t_old
-    local_tokens = float(totals[0]) * t.ppo_epochs
-    totals = collective.all_reduce(totals, device)
+                grad_norms.append(norm)
+    steps, skipped = engine.global_steps - steps_before, engine.skipped_steps - skipped_before
+    return _Updates(grad_norms, steps, skipped, trailing_skipped, tokens=totals.tokens * t.ppo_epochs)
 
-    tok = max(float(totals[0]), 1.0)
+
+def _micro_step(engine, p: _Prepared, mini: dict, with_entropy: bool, cfg: Config, world: int,
+                totals: _Totals) -> None:  # fmt: skip
+    """Forward, policy loss and backward of one micro-batch; its statistics go into `totals`."""
+    a, device, m = cfg.algorithm, engine.device, p.m
+    ids_BL, att_BL = m.ids_BL.to(device), m.att_BL.to(device)
+    logp_BT, ent_BT = engine(ids_BL, att_BL, cfg.rollout.temperature, with_entropy=with_entropy)
+    if ent_BT is not None:
+        real_BT = (m.mask_BT > 0).double()
+        totals.tokens += float(real_BT.sum())
+        totals.entropy += float((ent_BT.float().cpu() * real_BT).sum())
+    loss, stats = POLICY_LOSSES[a.policy_loss](
+        logp_BT, p.old_BT.to(device), m.adv_B.to(device), m.mask_BT.to(device),
+        eps_low=a.eps_low, eps_high=a.eps_high, clip_ratio_c=a.clip_ratio_c,
+        loss_agg_mode=a.loss_agg_mode, total_tokens=mini["total_tokens"], total_seqs=mini["total_seqs"],
+        norm_length=cfg.rollout.max_response_length,
+        kl_coef=a.kl_coef, ref_logp_BT=None if p.ref_BT is None else p.ref_BT.to(device),
+        kl_estimator=a.kl_estimator, is_weights_BT=None if p.is_w_BT is None else p.is_w_BT.to(device),
+    )  # fmt: skip
+    # The global denominators already make the sum over micro-batches and ranks exact: DeepSpeed must not
+    # divide by its accumulation count (scale_wrt_gas) and its average over ranks is undone.
+    engine.backward(loss * world, scale_wrt_gas=False)
+    totals.add_loss_stats(stats, cfg.trainer.ppo_epochs)
+
+
+def _optimizer_step(engine, zero_stage: int) -> float | None:
+    """The mini-batch's optimizer step: its gradient norm, or None when the update held a NaN/inf and was
+    not applied (DeepSpeed counts it in `skipped_steps`)."""
+    skipped_before = engine.skipped_steps
+    stage0_norm = _grad_norm(engine) if zero_stage == 0 else None
+    engine.step()
+    if engine.skipped_steps > skipped_before:
+        return None
+    return stage0_norm if stage0_norm is not None else float(engine.get_global_grad_norm() or 0.0)
+
+
+def _step_metrics(totals: _Totals, correction: _CorrectionTotals | None, updates: _Updates, lr: float,
+                  t_old: float, t_update: float, with_kl: bool) -> dict[str, float]:  # fmt: skip
+    """The step's metrics from the totals reduced over ranks (`correction` None without the correction)."""
+    tok, norms = max(totals.tokens, 1.0), updates.grad_norms
     metrics = {
-        "actor/entropy": float(totals[1]) / tok,
-        "actor/off_policy_token_frac": 1.0 - float(totals[3]) / tok,
-        **{f"actor/{k}": float(totals[6 + i]) / tok for i, k in enumerate(SUM_KEYS)},
-        "actor/grad_norm": sum(grad_norms) / len(grad_norms) if grad_norms else float("nan"),
+        "actor/entropy": totals.entropy / tok,
+        "actor/off_policy_token_frac": 1.0 - totals.fresh_tokens / tok,
+        **{f"actor/{k}": totals.loss_stats[k] / tok for k in SUM_KEYS},
+        "actor/grad_norm": sum(norms) / len(norms) if norms else float("nan"),
         "actor/lr": lr,
-        "actor/updates": engine.global_steps - steps_before,
-        "actor/skipped_updates": engine.skipped_steps - skipped_before,
-        "skip/trailing": trailing_skipped,  # skipped updates at the end of the step, for the driver's streak
+        "actor/updates": updates.steps,
+        "actor/skipped_updates": updates.skipped,
+        "skip/trailing": updates.trailing_skipped,  # skipped at the end of the step, for the driver's streak
         "timing/old_logprob_s": t_old,
         "timing/update_s": t_update,
-        "local/tokens": local_tokens,  # this rank's, for its own Ray metrics; not sent to the driver
+        "local/tokens": updates.tokens,  # this rank's, for its own Ray metrics; not sent to the driver
     }
-    if ref is None:
+    if not with_kl:
         del metrics["actor/kl_loss"]
-    if totals[3] > 0:  # undefined without a response of the current version
-        metrics["actor/rollout_logprob_diff"] = float(totals[2] / totals[3])
-    if totals[4] > 0:  # undefined when no token was clipped at the upper bound
-        metrics["actor/up_clipped_prob"] = float(totals[5] / totals[4])
-    if a.rollout_is != "none":  # the same on every rank: each joins both reductions
-        is_totals = collective.all_reduce(is_totals, device)
-        is_max = collective.all_reduce(is_max, device, op="max")
-        n_is = max(float(is_totals[0]), 1.0)
-        metrics |= {f"rollout_corr/{k}": float(is_totals[1 + j]) / n_is for j, k in enumerate(IS_KEYS)}
-        metrics["rollout_corr/rollout_is_max"] = float(is_max[0])
+    if totals.fresh_tokens > 0:  # undefined without a response of the current version
+        metrics["actor/rollout_logprob_diff"] = totals.logprob_diff / totals.fresh_tokens
+    if totals.up_clipped_tokens > 0:  # undefined when no token was clipped at the upper bound
+        metrics["actor/up_clipped_prob"] = totals.up_clipped_prob / totals.up_clipped_tokens
+    if correction is not None:
+        n_is = max(correction.tokens, 1.0)
+        metrics |= {f"rollout_corr/{k}": correction.sums[k] / n_is for k in IS_KEYS}
+        metrics["rollout_corr/rollout_is_max"] = correction.max_weight
     return metrics
 
 
@@ -277,11 +382,11 @@ def publish_weights(engine, version: int, store, cfg: Config, rank: int, world: 
     import random
 
     from dapo_ray import buckets, weights
-    from dapo_ray.trainer.zero import full_nbytes, gathered, layer_groups
+    from dapo_ray.trainer.zero import gathered, group_nbytes, layer_groups, tie_groups
 
     t0 = time.time()
-    groups = layer_groups(engine.module.lm)
-    sizes = [sum(buckets.aligned(full_nbytes(t)) for _, t in g) for g in groups]
+    groups = tie_groups(layer_groups(engine.module.lm))  # a tied head travels once, with its embedding
+    sizes = [group_nbytes(g, buckets.aligned) for g in groups]
     # One id for this publish on every rank: rank 0's, summed with the others' zeros.
     mine_id = float(random.getrandbits(52)) if rank == 0 else 0.0
     publish_id = int(collective.all_reduce(torch.tensor([mine_id], dtype=torch.float64), engine.device).item())
