@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import queue
 import threading
 import time
@@ -153,9 +154,15 @@ def send_buckets(store, version: int, publish_id: int, groups: list, sizes: list
         for i in bucket:
             with open_group(i) if open_group else contextlib.nullcontext(groups[i]) as members:
                 if mine:
+                    copied: dict[tuple, TensorSpec] = {}  # a tensor under a second name (tied) is copied once
                     for name, t in members:
+                        key = (t.data_ptr(), t.dtype, tuple(t.shape), t.stride())
+                        if t.numel() and key in copied:
+                            specs.append(dataclasses.replace(copied[key], name=name))
+                            continue
                         spec, offset = copy_into(buf, offset, name, t)
                         specs.append(spec)
+                        copied[key] = spec
                     if pinned:
                         torch.cuda.synchronize()  # the copies into pinned memory are asynchronous
         if mine:

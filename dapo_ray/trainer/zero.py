@@ -156,6 +156,34 @@ def layer_groups(module: torch.nn.Module) -> list[list[tuple[str, torch.Tensor]]
     return list(groups.values())
 
 
+def tie_groups(groups: list[list[tuple[str, torch.Tensor]]]) -> list[list[tuple[str, torch.Tensor]]]:
+    """`layer_groups` with each tied weight (an entry whose tensor is an earlier entry's: `lm_head.weight`
+    of a model with tied embeddings) moved into the group of the entry it shares, so that a publish
+    gathers and carries it once, as a second name for the same bytes (`weights.send_buckets`). The
+    engine still receives both names: on the CPU engine a head that gets no weight of its own keeps the
+    packed copy of the old embedding it multiplies with (vLLM 0.32 `vocab_parallel_embedding.py`
+    `process_weights_after_loading` -> `dispatch_cpu_unquantized_gemm`), a stale head."""
+    home: dict[int, list[tuple[str, torch.Tensor]]] = {}
+    out = []
+    for group in groups:
+        kept: list[tuple[str, torch.Tensor]] = []
+        for name, t in group:
+            if id(t) in home:
+                home[id(t)].append((name, t))
+            else:
+                home[id(t)] = kept
+                kept.append((name, t))
+        if kept:
+            out.append(kept)
+    return out
+
+
+def group_nbytes(group: list[tuple[str, torch.Tensor]], aligned) -> int:
+    """Room a group takes in a bucket: each distinct tensor once, rounded up by `aligned`."""
+    distinct = {id(t): t for _, t in group}
+    return sum(aligned(full_nbytes(t)) for t in distinct.values())
+
+
 def full_nbytes(tensor: torch.Tensor) -> int:
     """Bytes of the whole tensor, also when ZeRO-3 holds only a partition of it."""
     return int(getattr(tensor, "ds_numel", tensor.numel())) * tensor.element_size()
