@@ -8,8 +8,9 @@ tokenize as usual) and placeholder tokens `<|r123|>` up to the vocabulary size, 
 samples decodes to something. Its answers are noise: a smoke run checks that the machinery runs
 (engine start-up, generation, NCCL, ZeRO, weight sync, checkpoints), not that accuracy moves.
 
-One departure from the real shape: the embeddings are untied. vLLM keeps a stale lm_head after an
-in-place reload of tied ones (DESIGN.md), which would hide every weight sync behind a matching embedding.
+One departure from the real shape: the embeddings are untied, so the head is a weight of its own in every
+sync (and in the benchmarks' byte counts). Tied embeddings are the real model's case: SmolLM2-135M-Instruct
+(`dapo_ray.smollm2`, `tests/integration/test_smollm2.py`).
 """
 
 from __future__ import annotations

@@ -4,9 +4,8 @@
 
 1. a character-level tokenizer (printable ASCII + newline, `<|endoftext|>` as EOS and pad) and a chat
    template that is just the user text and a newline;
-2. a randomly initialised Qwen2 (untied embeddings: vLLM silently keeps a stale lm_head after an
-   in-place reload of tied ones; `vocab_size == len(tokenizer)`, or vLLM samples ids that decode to
-   nothing);
+2. a randomly initialised Qwen2 (untied embeddings: the tied case is the real model's,
+   `dapo_ray.smollm2`; `vocab_size == len(tokenizer)`, or vLLM samples ids that decode to nothing);
 3. a brief supervised warm-up on the synthetic task's training split (`synthetic`: the keyword
    arguments of `data.synthetic_prompts`, the same as the RL run's, so held-out problems stay unseen), stopped as soon as
    held-out avg@k reaches `target_acc` (RL needs groups with both successes and failures, so the model
