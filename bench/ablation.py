@@ -51,7 +51,7 @@ def run_one(rung: str, seed: int, max_generated: int, eval_every: int, out: Path
     """One run of the ladder, in this process; returns what the table and plots need."""
     from dapo_ray.config import load_config
     from dapo_ray.driver import run
-    from dapo_ray.tiny_model import build_for
+    from dapo_ray.models import ensure_model
 
     base = load_config(config)
     # Without dynamic sampling a step generates train_batch_size groups: that many steps fit the budget.
@@ -61,8 +61,9 @@ def run_one(rung: str, seed: int, max_generated: int, eval_every: int, out: Path
         f"trainer.total_steps={steps}", "trainer.save_every=0", f"eval.every={eval_every}",
         f"trainer.output_dir={out / 'runs' / f'{rung}-s{seed}'}", "tracking.enabled=false", *extra,
     ])  # fmt: skip
-    # One start for every run: the demo's model (built with the config's own seed, as `dapo-ray demo` does).
-    build_for(base)
+    # One start for every run: the config's model (the tiny one built with the config's own seed, as
+    # `dapo-ray demo` does, or SmolLM2 from its wheel).
+    ensure_model(base)
     summary = run(cfg)
     steps = [
         {"step": e["step"], "generated": g, **{k: e["metrics"].get(k, 0) for k in (
