@@ -301,12 +301,18 @@ class Engine:
         # separate engine-core process refuses a reference outright. Each worker asks the store for the
         # reference itself (`worker_ext.WeightLoader`).
         address = ray.get_runtime_context().gcs_address
-        loaded = self.llm.collective_rpc("dapo_load_weights", args=(address, store_name, version, serial, stream))
+        try:
+            loaded = self.llm.collective_rpc("dapo_load_weights", args=(address, store_name, version, serial, stream))
+        except Exception:
+            # Past the workers' own recovery (`WeightLoader._reload`): what their weights hold is unknown.
+            self.broken = True
+            raise
         if PARTIAL in loaded:
             self.broken = True
-            raise Superseded(f"weight publish {serial} (policy version {version}) stopped half-way through a "
-                             f"streamed load (a later publish dropped it, or a bucket was lost); no decoding "
-                             f"step runs until a whole version loads")  # fmt: skip
+            raise Superseded(f"weight publish {serial} (policy version {version}) stopped half-way through its "
+                             f"load (a later publish dropped it, a bucket or the weight store was lost, or the "
+                             f"load raised: the worker's log has the error); no decoding step runs until a "
+                             f"whole version loads")  # fmt: skip
         if None in loaded:  # the workers agree: none of them loaded anything
             raise Superseded(f"weight publish {serial} (policy version {version}) is no longer held by the "
                              f"weight store: a later publish dropped it; load the latest instead")  # fmt: skip

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 
+logger = logging.getLogger(__name__)
+
 RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.layerwise"
 RELOAD_WARNING = "%s: Failed to load weights"
 
@@ -35,7 +37,8 @@ def quiet_rotary_reload_warning() -> None:
 
 
 PARTIAL = -1
-"""What `dapo_load_weights` returns on every worker when a streamed load stopped half-way."""
+"""What `dapo_load_weights` returns on every worker when a load stopped half-way: a streamed one cut short,
+or any load that raised."""
 
 
 class WeightLoader:
@@ -52,7 +55,11 @@ class WeightLoader:
           reload takes an iterator, and buckets hold whole layers). None when the publish is gone before
           its first bucket; PARTIAL when it went, or a bucket was lost, half-way: then some layers hold
           the new weights and the rest the old (`finalize_layerwise_reload` puts back the kernel tensors
-          of layers that got nothing), and the engine must load a whole version before serving again."""
+          of layers that got nothing), and the engine must load a whole version before serving again.
+
+        Either way, a load that raises half-way (out of memory, a tensor that does not fit, the weight
+        store's actor dying mid-stream: `BucketStream` passes that on) is PARTIAL too: every layer it had
+        not finished gets its own weights back (`_reload`)."""
         import ray
 
         from dapo_ray.buckets import unpack_bucket
@@ -66,15 +73,53 @@ class WeightLoader:
             tensors = BucketStream(store, version, serial, timeout_s)
             if not _on_every_worker(tensors.count is not None):
                 return None
-            self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=True)
-            return tensors.loaded if _on_every_worker(tensors.complete) else PARTIAL
+            whole = self._reload(iter(tensors)) and tensors.complete
+            return tensors.loaded if _on_every_worker(whole) else PARTIAL
         buckets = _whole_publish(store, version, serial, timeout_s)
         # All workers load, or none: a later publish may drop this one while they ask.
         if not _on_every_worker(buckets is not None):
             return None
         tensors = [item for bucket in buckets for item in unpack_bucket(bucket)]
-        self.reload_weights(weights_iterator=iter(tensors), is_checkpoint_format=True)
-        return len(tensors)
+        return len(tensors) if _on_every_worker(self._reload(iter(tensors))) else PARTIAL
+
+    def _reload(self, tensors) -> bool:
+        """vLLM's layer-wise reload of `tensors` (checkpoint names); False when it raised half-way.
+
+        vLLM runs `initialize_layerwise_reload` (every layer's tensors swapped for meta tensors),
+        `model.load_weights` and `finalize_layerwise_reload` with no try/finally, so an error in between
+        would leave the layers it had not finished on the meta device (vllm 0.33.0
+        model_executor/model_loader/reload/inplace.py:94-96). Its finalize cannot simply be called then:
+        it replays each unfinished layer's buffered weights, the one that raised included. So each
+        unfinished layer drops what it buffered first, and finalize puts its own tensors back (the old
+        weights, in the original storage: CUDA graphs stay valid). Every worker still reaches the
+        all-reduce that follows, so a tensor-parallel peer that did not fail is not left waiting."""
+        try:
+            self.reload_weights(weights_iterator=tensors, is_checkpoint_format=True)
+            return True
+        except Exception:  # noqa: BLE001 - reported as PARTIAL: the engine holds every call until a whole load
+            logger.exception("weight load failed half-way; the layers it had not finished keep their weights")
+            _abandon_reload(self.model_runner.get_model(), self.vllm_config)
+            return False
+
+
+def _abandon_reload(model, vllm_config) -> None:
+    """Undo what an interrupted layer-wise reload left: each layer still waiting for weights forgets the
+    ones it buffered, so `finalize_layerwise_reload` takes it for a layer that got nothing and puts its
+    own tensors back (vllm 0.33.0 reload/layerwise.py:255-267; attention layers :291-303) instead of
+    processing them. A layer that finished holds the new weights; the others keep the old ones (one
+    whose own processing raised, as out of memory while copying, may hold part of each: the engine
+    serves nothing until a whole version has loaded)."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+    from vllm.model_executor.model_loader.reload.layerwise import get_layerwise_info
+
+    for layer in model.modules():
+        info = get_layerwise_info(layer)
+        if info.can_load():  # initialized for this reload and not processed yet (reset once it is)
+            info.loaded_weights.clear()
+            info.load_numel = 0
+    with set_current_vllm_config(vllm_config):  # as the worker's own reload_weights runs
+        finalize_layerwise_reload(model, vllm_config.model_config)
 
 
 def _whole_publish(store, version: int, serial: int, timeout_s: float) -> list | None:

@@ -21,6 +21,7 @@ before the engine with a core process of its own (~25 s).
 """
 
 import gc
+import os
 import time
 
 import pytest
@@ -46,8 +47,8 @@ one decoded on the new weights over the old KV cache before the prefix-cache res
 class Trainer:
     """Stands where trainer rank 0 stands: it owns the published objects."""
 
-    def publish(self, store, version: int, state: dict[str, torch.Tensor]) -> int:
-        return weights.publish(store, version, state)
+    def publish(self, store, version: int, state: dict[str, torch.Tensor], bucket_mb: float = 256.0) -> int:
+        return weights.publish(store, version, state, bucket_mb)
 
     def send(self, store, version: int, publish_id: int, state: dict[str, torch.Tensor], bucket_mb: float,
              rank: int, world: int) -> int:  # fmt: skip
@@ -57,6 +58,23 @@ class Trainer:
         groups = [[(k, v)] for k, v in state.items()]
         sizes = [aligned(v.numel() * v.element_size()) for v in state.values()]
         return weights.send_buckets(store, version, publish_id, groups, sizes, bucket_mb, rank=rank, world=world)
+
+
+@ray.remote(num_cpus=0)
+class DyingStore:
+    """Stands in for the weight store during one load: the real store's first bucket, then its process
+    exits when a second is asked for (the caller gets a RayActorError)."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+
+    async def bucket_count(self, version: int, serial: int) -> int | None:
+        return await self.store.bucket_count.remote(version, serial)
+
+    async def bucket(self, version: int, serial: int, index: int, timeout_s: float) -> list:
+        if index > 0:
+            os._exit(1)
+        return await self.store.bucket.remote(version, serial, index, timeout_s)
 
 
 @pytest.fixture(scope="module", params=[(1, False), (2, False), (1, True)], ids=["tp1", "tp2", "core-process"])
@@ -129,9 +147,9 @@ def gap(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b, strict=True))
 
 
-def publish(store, trainer, version: int, state) -> int:
+def publish(store, trainer, version: int, state, bucket_mb: float = 256.0) -> int:
     """Publish from the trainer actor; returns the publish's serial."""
-    ray.get(trainer.publish.remote(store, version, state))
+    ray.get(trainer.publish.remote(store, version, state, bucket_mb))
     latest, _, serial = ray.get(store.latest.remote())
     assert latest == version
     return serial
@@ -306,3 +324,43 @@ def test_an_engine_left_idle_by_a_cancel_a_refused_call_or_a_load_serves_the_nex
     load_version(engine, name, 60, publish(actor, Trainer.remote(), 60, new))
     assert gap(engine_logprobs(engine, probes), trainer_logprobs(tiny_model_dir, new, probes)) < 1e-4
 
+
+def misfit(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` with layer 0's k_proj one column too wide: vLLM's weight loader raises on it after taking
+    q_proj, a part of the same fused qkv_proj layer, which the failed load leaves half loaded."""
+    name = "model.layers.0.self_attn.k_proj.weight"
+    names = list(state)
+    assert names.index(name) == names.index("model.layers.0.self_attn.q_proj.weight") + 2  # after q's weight, bias
+    rows, cols = state[name].shape
+    return {**state, name: torch.zeros(rows, cols + 1)}
+
+
+@pytest.mark.parametrize(("failure", "stream"), [("misfit", False), ("misfit", True), ("store dies", True)],
+                         ids=["whole-load-raises", "streamed-load-raises", "store-dies-mid-stream"])  # fmt: skip
+def test_a_load_that_raises_half_way_holds_every_call_until_a_whole_version_loads(
+    engine, store, base_state, probes, tiny_model_dir, failure, stream
+):
+    """Anything raising in the middle of vLLM's layer-wise reload (CUDA out of memory; here a tensor that
+    does not fit, or the weight store's process dying) would leave the layers it had not finished on the
+    meta device. The workers put those layers' own tensors back and report the load as partial: the
+    engine is broken, holds a call, and a later whole load gives exactly the trainer's log-probs."""
+    name, actor = store
+    trainer = Trainer.remote()
+    whole = perturbed(base_state, seed=71)
+    if failure == "misfit":
+        source, serial = name, publish(actor, trainer, 70, misfit(perturbed(base_state, seed=70)))
+    else:
+        half = perturbed(base_state, seed=70)
+        serial = publish(actor, trainer, 70, half, bucket_mb=_two_ranks(half))
+        source = f"{name}-dying"
+        dying = DyingStore.options(name=source, namespace=weights.NAMESPACE).remote(actor)
+        ray.get(dying.__ray_ready__.remote())  # registered under its name before a worker looks it up
+    with pytest.raises(Superseded, match="half-way"):
+        engine.submit_load(source, 70, serial, stream=stream).result(CALL_TIMEOUT_S)
+    assert engine.broken
+    call = engine.submit_logprobs(probes[0])
+    time.sleep(1.0)
+    assert not call.done()
+    load_version(engine, name, 71, publish(actor, trainer, 71, whole))
+    assert call.result(CALL_TIMEOUT_S)[0] == 71 and not engine.broken
+    assert gap(engine_logprobs(engine, probes), trainer_logprobs(tiny_model_dir, whole, probes)) < 1e-4
