@@ -381,12 +381,12 @@ def publish_weights(engine, version: int, store, cfg: Config, rank: int, world: 
     thread while the ranks gather the next. Returns (seconds, bytes this rank put)."""
     import random
 
-    from dapo_ray import buckets, weights
+    from dapo_ray import weights
     from dapo_ray.trainer.zero import gathered, group_nbytes, layer_groups, tie_groups
 
     t0 = time.time()
     groups = tie_groups(layer_groups(engine.module.lm))  # a tied head travels once, with its embedding
-    sizes = [group_nbytes(g, buckets.aligned) for g in groups]
+    sizes = [group_nbytes(g) for g in groups]
     # One id for this publish on every rank: rank 0's, summed with the others' zeros.
     mine_id = float(random.getrandbits(52)) if rank == 0 else 0.0
     publish_id = int(collective.all_reduce(torch.tensor([mine_id], dtype=torch.float64), engine.device).item())

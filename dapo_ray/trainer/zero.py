@@ -178,8 +178,10 @@ def tie_groups(groups: list[list[tuple[str, torch.Tensor]]]) -> list[list[tuple[
     return out
 
 
-def group_nbytes(group: list[tuple[str, torch.Tensor]], aligned) -> int:
-    """Room a group takes in a bucket: each distinct tensor once, rounded up by `aligned`."""
+def group_nbytes(group: list[tuple[str, torch.Tensor]]) -> int:
+    """Room a group takes in a bucket: each distinct tensor once, at `buckets.aligned` size."""
+    from dapo_ray.buckets import aligned
+
     distinct = {id(t): t for _, t in group}
     return sum(aligned(full_nbytes(t)) for t in distinct.values())
 

@@ -153,7 +153,6 @@ class _Publisher:
     def publish(self, store, version: int, state: dict, with_head: bool) -> int:
         import random
 
-        from dapo_ray.buckets import aligned
         from dapo_ray.trainer.zero import group_nbytes, layer_groups, tie_groups
 
         class StateModule(torch.nn.Module):  # its state_dict() is the state, tied entries kept tied
@@ -161,7 +160,7 @@ class _Publisher:
                 return {k: v for k, v in state.items() if with_head or k != "lm_head.weight"}
 
         groups = tie_groups(layer_groups(StateModule()))
-        sizes = [group_nbytes(g, aligned) for g in groups]
+        sizes = [group_nbytes(g) for g in groups]
         return weights.send_buckets(store, version, random.getrandbits(52), groups, sizes, bucket_mb=64)
 
 
