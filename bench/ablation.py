@@ -10,7 +10,7 @@ total). Held-out avg@8 is evaluated every `--eval-every` steps.
     python bench/ablation.py                                 # 6 rungs x 3 seeds, about 1.5 h on 2 cores
     python bench/ablation.py --rungs naive-grpo dapo --seeds 1 --max-generated 2048   # a quick look
     python bench/ablation.py --rungs naive-grpo dapo --set algorithm.max_policy_lag=0 --out runs/ablation-lag0
-    python bench/ablation.py --rungs dapo --config workflows/configs/tiny_cpu.yaml --max-generated 24576   # the demo
+    python bench/ablation.py --rungs dapo --config workflows/configs/tiny_cpu.yaml --max-generated 24576   # the tiny demo
     python bench/ablation.py --rungs dapo dapo+gspo dapo+cispo dapo+drgrpo dapo+tis   # other methods' choices
 
 `--rungs` also takes the variants of `dapo_ray.ablation.VARIANTS` (DAPO with GSPO's, CISPO's or Dr. GRPO's
@@ -22,8 +22,12 @@ on-policy instead of with generation overlapped as the reasoning config has it.
 
 Each run is its own process with its own local Ray cluster, one after another; its result is kept in
 `<out>/runs/<rung>-s<seed>.json` (`--out`: runs/ablation), so an interrupted ladder resumes where it
-stopped. The table goes to stdout and `<out>/ablation.md`, the plots (held-out accuracy, entropy and
-response length against generated responses: mean and min-max over seeds) to `<out>/ablation.png`.
+stopped. The table goes to stdout and `<out>/ablation.md`, the plots (held-out accuracy, mean reward,
+response length and entropy: mean and min-max over seeds) to `<out>/ablation.png` against generated responses
+and to `<out>/ablation-minutes.png` against wall minutes of training (held-out evaluations not counted).
+
+    python bench/ablation.py --rungs dapo --config workflows/configs/smollm2_cpu.yaml \
+        --max-generated 100000 --set trainer.total_steps=20 --out runs/smollm2-seeds   # SmolLM2, 3 seeds
 """
 
 from __future__ import annotations
@@ -67,15 +71,21 @@ def run_one(rung: str, seed: int, max_generated: int, eval_every: int, out: Path
     summary = run(cfg)
     steps = [
         {"step": e["step"], "generated": g, **{k: e["metrics"].get(k, 0) for k in (
-            "actor/entropy", "response_length/mean", "response_length/clip_ratio", "critic/acc/mean",
+            "actor/entropy", "response_length/mean", "response_length/clip_ratio", "critic/acc/mean", "critic/score/mean",
             "timing/step_s", "response_length/generated_mean", "dynamic_sampling/stale_dropped",
             "dynamic_sampling/generated_groups", "ledger/resampled")}}
         for e, g in zip(summary["steps_log"], _cumulative(summary["steps_log"], cfg.rollout.n), strict=True)
     ]  # fmt: skip
-    evals = [{k: e[k] for k in ("step", "generated", "train_s", "eval/avg_at_k", "eval/pass_at_k")}
+    minutes = 0.0
+    for s in steps:  # training wall minutes at the end of each step (held-out evaluations not counted)
+        minutes += s["timing/step_s"] / 60
+        s["train_min"] = minutes
+    evals = [{**{k: e[k] for k in ("step", "generated", "train_s", "eval/avg_at_k", "eval/pass_at_k")},
+              "train_min": (e["train_s"] - e["eval_s"]) / 60 if e["train_s"] else 0.0}
              for e in summary["evals"]]  # fmt: skip
-    return {"rung": rung, "seed": seed, "max_generated": max_generated, "extra": extra,
-            "train_s": summary["train_s"], "steps": steps, "evals": evals}  # fmt: skip
+    return {"rung": rung, "seed": seed, "config": str(config), "max_generated": max_generated, "extra": extra,
+            "train_s": summary["train_s"], "eval_s": summary["eval_s"], "totals": summary["totals"],
+            "n": cfg.rollout.n, "steps": steps, "evals": evals}  # fmt: skip
 
 
 def _cumulative(steps_log: list[dict], n: int) -> list[int]:
@@ -111,8 +121,8 @@ def table(results: list[dict]) -> str:
         return f"{mean:.1%} ± {statistics.pstdev(values):.1%}" if len(values) > 1 else f"{mean:.1%}"
 
     lines = [f"| rung | seeds | held-out avg@8 at start | at equal generation | at equal time ({equal_time / 60:.1f} min) "
-             "| steps | entropy (last 20%) | response length (last 20%) | truncated (last 20%) |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "| steps | minutes of training | entropy (last 20%) | response length (last 20%) | truncated (last 20%) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for rung, xs in by_rung.items():
         tail = [s for x in xs for s in x["steps"][-max(1, len(x["steps"]) // 5) :]]
         lines.append("| " + " | ".join([
@@ -121,6 +131,7 @@ def table(results: list[dict]) -> str:
             fmt([x["evals"][-1]["eval/avg_at_k"] for x in xs]),
             fmt([at([(e["train_s"], e["eval/avg_at_k"]) for e in x["evals"]], equal_time) for x in xs]),
             f"{statistics.fmean(len(x['steps']) for x in xs):.0f}",
+            f"{statistics.fmean(x['evals'][-1].get('train_min', x['train_s'] / 60) for x in xs):.1f}",
             f"{statistics.fmean(s['actor/entropy'] for s in tail):.3f}",
             f"{statistics.fmean(s['response_length/mean'] for s in tail):.1f}",
             f"{statistics.fmean(s['response_length/clip_ratio'] for s in tail):.1%}",
@@ -128,28 +139,30 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(results: list[dict], path: Path) -> None:
+def plot(results: list[dict], path: Path, x: str = "generated") -> None:
+    """Held-out avg@8, mean reward, response length and entropy against `x`: generated responses
+    ("generated") or wall minutes of training ("train_min"); mean and min-max over seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("held-out avg@8", "evals", "eval/avg_at_k"), ("entropy", "steps", "actor/entropy"),
-              ("response length (tokens)", "steps", "response_length/mean")]  # fmt: skip
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    panels = [("held-out avg@8", "evals", "eval/avg_at_k"), ("mean reward", "steps", "critic/score/mean"),
+              ("response length (tokens)", "steps", "response_length/mean"), ("entropy", "steps", "actor/entropy")]  # fmt: skip
+    fig, axes = plt.subplots(1, 4, figsize=(20, 4.5))
     for ax, (title, series, key) in zip(axes, panels, strict=True):
         for rung in NAMES:
-            xs = [x for x in results if x["rung"] == rung]
+            xs = [r for r in results if r["rung"] == rung and all(key in p for p in r[series])]
             if not xs:
                 continue
-            grid = sorted({p["generated"] for x in xs for p in x[series]})
-            curves = [[at([(p["generated"], p[key]) for p in x[series]], g) for g in grid] for x in xs]
+            grid = sorted({p[x] for r in xs for p in r[series]})
+            curves = [[at([(p[x], p[key]) for p in r[series]], g) for g in grid] for r in xs]
             mean = [statistics.fmean(c[i] for c in curves) for i in range(len(grid))]
-            ax.plot(grid, mean, label=rung)
+            ax.plot(grid, mean, label=rung, marker="o" if series == "evals" else None)
             ax.fill_between(grid, [min(c[i] for c in curves) for i in range(len(grid))],
                             [max(c[i] for c in curves) for i in range(len(grid))], alpha=0.15)  # fmt: skip
         ax.set_title(title)
-        ax.set_xlabel("generated responses")
+        ax.set_xlabel("generated responses" if x == "generated" else "minutes of training")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -209,6 +222,8 @@ def main() -> int:
     print(text)
     (out / "ablation.md").write_text(text + "\n")
     plot(results, out / "ablation.png")
+    if all("train_min" in e for r in results for e in r["evals"]):
+        plot(results, out / "ablation-minutes.png", x="train_min")
     print(f"[ablation] {out / 'ablation.md'}, {out / 'ablation.png'}  ({(time.time() - t0) / 60:.0f} min)")
     return 0
 

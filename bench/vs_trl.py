@@ -6,16 +6,18 @@ warm-up.
     python bench/vs_trl.py                   # (a) the demo: 0.6M model, short answers, accuracy against time
     python bench/vs_trl.py --setting large   # (b) a 23M model, 128-token responses: throughput
     for s in 1 2 3; do python bench/vs_trl.py --seed $s; done   # (a) on three seeds
+    python bench/vs_trl.py --setting smollm2 --seed 2         # (c) SmolLM2-135M-Instruct, 20 steps
 
 Each side runs in its own process, one after the other (TRL first), and writes `<out>/<setting>-<side>.json`;
 the comparison goes to stdout and `<out>/<setting>.md` (`--out`: runs/vs_trl). `--seed N` sets both
 sides' seeds (TRL's `seed`; dapo-ray's `trainer.seed` and `data.seed`: sampling, shuffling) from the same
-start model, and names the results `<setting>-sN`. `--set KEY=VALUE ...` overrides the config both sides
+start model, and names the results `<setting>-sN`. `--dapo-from RUN.json` takes the dapo-ray side from a
+run of `bench/ablation.py` (rung `dapo`) with the same config, seed and steps instead of running it again. `--set KEY=VALUE ...` overrides the config both sides
 read (TRL takes only the shared settings above; e.g. `algorithm.carry_over=true
 algorithm.max_policy_lag=2` changes dapo-ray alone). `--report` prints the comparison again from the
 saved results without running anything.
 
-dapo-ray runs a workflow config (`tiny_cpu.yaml` for (a), as `make demo` does: the full recipe with
+dapo-ray runs a workflow config (`tiny_cpu.yaml` for (a), as `make demo-tiny` does: the full recipe with
 dynamic sampling and generation overlapped with training). TRL runs `GRPOTrainer` with the same
 settings read from that config: `loss_type="dapo"` (token-level loss), `epsilon`/`epsilon_high`
 (clip-higher), `mask_truncated_completions` (overlong filtering), `beta=0` (no KL), the soft overlong
@@ -30,6 +32,10 @@ those whose rewards are all equal (zero advantage, only the clip and length term
 dapo-ray with its own evaluation (vLLM), TRL with HF `generate` (`tiny_model.sampled_accuracy`). Time spent
 evaluating is taken off both clocks. Printed: completions/s, seconds per step, the accuracy curve against
 training time, and the time each side needs to reach the best accuracy both sides reach.
+
+(c) As (a), on SmolLM2-135M-Instruct and `smollm2_cpu.yaml` (20 steps, evaluated every 10): a real BPE
+tokenizer and ChatML template on both sides, both in bf16 (TRL by autocast), both scoring with the config's
+`math_verify`.
 
 (b) Throughput only: the 23M-parameter random model of `bench/rollout.py` (EOS suppressed, so every
 response is `max_response_length` = 128 tokens) on the reasoning flavour's prompts, 8 prompts x n 8 per
@@ -54,6 +60,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 DEMO = ROOT / "workflows/configs/tiny_cpu.yaml"
+SMOLLM2 = ROOT / "workflows/configs/smollm2_cpu.yaml"
+# Per setting with an accuracy curve: the config, default steps and evaluation interval, and the accuracies
+# whose first crossing the report times.
+CURVES = {"demo": (DEMO, 300, 50, (0.3, 0.4)), "smollm2": (SMOLLM2, 20, 10, (0.5, 0.75))}
 REASONING = ROOT / "workflows/configs/tiny_cpu_reasoning.yaml"
 SIDES = ("trl", "dapo-ray")  # run in this order: TRL first
 
@@ -66,8 +76,8 @@ def config(a: argparse.Namespace, out: Path):
     if a.seed is not None:
         common += [f"trainer.seed={a.seed}", f"data.seed={a.seed}"]
     common += a.extra
-    if a.setting == "demo":
-        return load_config(DEMO, common + [f"trainer.total_steps={a.steps}", f"eval.every={a.eval_every}"])
+    if a.setting in CURVES:
+        return load_config(CURVES[a.setting][0], common + [f"trainer.total_steps={a.steps}", f"eval.every={a.eval_every}"])
     return load_config(REASONING, common + [
         f"rollout.model_path={out / 'model-23m'}", "rollout.max_response_length=128",
         f"trainer.total_steps={a.large_steps + 1}", "trainer.train_batch_size=8", "trainer.gen_batch_size=8",
@@ -82,7 +92,11 @@ def model_dir(a: argparse.Namespace, cfg, out: Path) -> Path:
         from dapo_ray.config import load_config
         from dapo_ray.tiny_model import build_for
 
-        return build_for(load_config(DEMO))  # the demo's model, whatever --seed says (as make demo builds it)
+        return build_for(load_config(DEMO))  # the demo's model, whatever --seed says (as make demo-tiny builds it)
+    if a.setting == "smollm2":
+        from dapo_ray.models import ensure_model
+
+        return ensure_model(cfg)
     import rollout as rollout_bench
 
     path = Path(cfg.rollout.model_path)
@@ -110,6 +124,25 @@ def side_dapo(a: argparse.Namespace, cfg) -> dict:
     }  # fmt: skip
 
 
+def from_ablation(a: argparse.Namespace, cfg, path: Path) -> dict:
+    """The dapo-ray side from a saved `bench/ablation.py` run of the same config, seed and steps."""
+    run = json.loads(path.read_text())
+    config = CURVES.get(a.setting, (REASONING,))[0]
+    want = {"rung": "dapo", "config": str(config), "seed": cfg.trainer.seed, "steps": cfg.trainer.total_steps}
+    have = {"rung": run["rung"], "config": run.get("config"), "seed": run["seed"], "steps": len(run["steps"])}
+    if want != have or run["extra"] not in ([], [f"trainer.total_steps={cfg.trainer.total_steps}"]) or a.extra:
+        raise SystemExit(f"{path} is not this comparison's dapo-ray run: it has {have}, extra {run['extra']}; "
+                         f"this comparison needs {want} and no --set")  # fmt: skip
+    step_s = [s["timing/step_s"] for s in run["steps"][1:]]
+    return {
+        "steps": len(run["steps"]), "time_s": run["train_s"] - run["eval_s"],
+        "generated": run["totals"]["generated_groups"] * run["n"], "trained": run["totals"]["kept_groups"] * run["n"],
+        "step_s": statistics.median(step_s) if step_s else None,
+        "evals": [{"step": e["step"], "time_s": e["train_min"] * 60, "avg_at_8": e["eval/avg_at_k"]} for e in run["evals"]],
+        "from": str(path),
+    }  # fmt: skip
+
+
 def side_trl(a: argparse.Namespace, cfg, path: Path) -> dict:
     import torch
     from datasets import Dataset
@@ -118,11 +151,11 @@ def side_trl(a: argparse.Namespace, cfg, path: Path) -> dict:
     from trl.rewards import get_soft_overlong_punishment
 
     from dapo_ray.algo.reward import compute_score
-    from dapo_ray.data import synthetic_prompts
+    from dapo_ray.data import synthetic_rows
     from dapo_ray.tiny_model import sampled_accuracy
 
-    t, al, r = cfg.trainer, cfg.algorithm, cfg.rollout
-    train, held_out = synthetic_prompts(**dataclasses.asdict(cfg.data.synthetic))
+    t, al, r, ev = cfg.trainer, cfg.algorithm, cfg.rollout, cfg.eval
+    train, held_out = synthetic_rows(dataclasses.asdict(cfg.data.synthetic), cfg.data.template)
     per_step = t.train_batch_size * r.n  # completions generated per step
     updates = per_step // t.mini_batch_size  # optimizer steps per step
     steps = t.total_steps  # the same number of steps as the dapo-ray side
@@ -141,7 +174,7 @@ def side_trl(a: argparse.Namespace, cfg, path: Path) -> dict:
         raise SystemExit(f"TRL's dapo loss is token-mean; the config has {al.loss_agg_mode}")
     args = GRPOConfig(
         output_dir=str(Path(t.output_dir).parent / "trl"), report_to="none", save_strategy="no",
-        disable_tqdm=True, logging_steps=10 * updates, use_cpu=True, bf16=False, seed=t.seed,
+        disable_tqdm=True, logging_steps=10 * updates, use_cpu=True, bf16=t.dtype == "bfloat16", seed=t.seed,
         num_generations=r.n, generation_batch_size=per_step, per_device_train_batch_size=t.micro_batch_size,
         gradient_accumulation_steps=t.mini_batch_size // t.micro_batch_size, num_iterations=1,
         max_steps=steps * updates, max_completion_length=r.max_response_length,
@@ -166,15 +199,16 @@ def side_trl(a: argparse.Namespace, cfg, path: Path) -> dict:
 
         def evaluate(self, step: int, model) -> None:
             t0 = time.time()
-            acc = sampled_accuracy(model, eval_tokenizer, held_out, samples=a.k, max_new_tokens=r.max_response_length,
-                                   seed=step)  # fmt: skip
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=t.dtype == "bfloat16"):
+                acc = sampled_accuracy(model, eval_tokenizer, held_out, samples=a.k, max_new_tokens=r.max_response_length,
+                                       seed=step, temperature=ev.temperature, top_p=ev.top_p, mode=cfg.reward.mode)  # fmt: skip
             self.eval_s += time.time() - t0
             self.evals.append({"step": step, "time_s": self.now(), "avg_at_8": acc})
             print(f"[trl] step {step}: held-out avg@{a.k} {acc:.1%} at {self.now():.0f}s", flush=True)
 
         def on_train_begin(self, args, state, control, model=None, **_):
             self.t0 = time.time()
-            if a.setting == "demo":
+            if a.setting in CURVES:
                 self.evaluate(0, model)
                 self.evals[0]["time_s"] = 0.0
             self.t0, self.eval_s = time.time(), 0.0
@@ -184,7 +218,7 @@ def side_trl(a: argparse.Namespace, cfg, path: Path) -> dict:
                 return
             step = state.global_step // updates
             self.step_ends.append(self.now())
-            if a.setting == "demo" and (step % a.eval_every == 0 or step == steps):
+            if a.setting in CURVES and (step % a.eval_every == 0 or step == steps):
                 self.evaluate(step, model)
 
     clock = Clock()
@@ -230,7 +264,8 @@ def report(a: argparse.Namespace, res: dict[str, dict], cfg) -> str:
         return "not reached" if x is None else f"{x:,.0f}"
 
     lines += [f"| {name} | {num(x)} | {num(y)} | {ratio(x, y)} |" for name, x, y in rows]
-    if a.setting == "demo":
+    if a.setting in CURVES:
+        best_trl = max(e["avg_at_8"] for e in t["evals"])
         target = min(max(e["avg_at_8"] for e in d["evals"]), max(e["avg_at_8"] for e in t["evals"]))
         td, tt = first_time(d["evals"], target), first_time(t["evals"], target)
         lines += [
@@ -238,14 +273,17 @@ def report(a: argparse.Namespace, res: dict[str, dict], cfg) -> str:
             f"| {t['evals'][0]['avg_at_8']:.1%} / {t['evals'][-1]['avg_at_8']:.1%} | |",
             f"| training time to reach {target:.1%} (the best both reach), s | {td:,.0f} | {tt:,.0f} "
             f"| {ratio(tt, td)} faster |",
-            *(f"| training time to reach {x:.0%}, s | {seconds(xd)} | {seconds(xt)} | {ratio(xt, xd)} faster |"
-              for x in (0.3, 0.4) for xd, xt in [(first_time(d["evals"], x), first_time(t["evals"], x))]),
+            *(f"| training time to reach {x:.1%}{what}, s | {seconds(xd)} | {seconds(xt)} | {ratio(xt, xd)} faster |"
+              for x, what in [(best_trl, " (TRL's best)"), *((x, "") for x in CURVES[a.setting][3])]
+              for xd, xt in [(first_time(d["evals"], x), first_time(t["evals"], x))]),
             "", f"Held-out avg@{a.k} against training time (s):", "",
         ]  # fmt: skip
         for name, side in (("dapo-ray", d), ("TRL", t)):
             lines.append(f"- {name}: " + ", ".join(f"step {e['step']} {e['time_s']:.0f}s {e['avg_at_8']:.1%}"
                                                     for e in side["evals"]))  # fmt: skip
     r = cfg.rollout
+    if d.get("from"):
+        lines += ["", f"The dapo-ray side is the run saved in {d['from']} (same config, seed and steps)."]
     lines += ["", f"Per step: {cfg.trainer.train_batch_size} prompts x n {r.n}, responses up to "
               f"{r.max_response_length} tokens, mini-batch {cfg.trainer.mini_batch_size}, lr {cfg.trainer.lr}."]  # fmt: skip
     return "\n".join(lines)
@@ -253,9 +291,10 @@ def report(a: argparse.Namespace, res: dict[str, dict], cfg) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--setting", choices=["demo", "large"], default="demo")
-    ap.add_argument("--steps", type=int, default=300, help="(a) steps per side")
-    ap.add_argument("--eval-every", type=int, default=50, help="(a) steps between held-out evaluations")
+    ap.add_argument("--setting", choices=[*CURVES, "large"], default="demo")
+    ap.add_argument("--steps", type=int, help="(a), (c) steps per side (default: 300, 20)")
+    ap.add_argument("--eval-every", type=int, help="(a), (c) steps between held-out evaluations (default: 50, 10)")
+    ap.add_argument("--dapo-from", type=Path, help="the dapo-ray side from this bench/ablation.py run")
     ap.add_argument("--large-steps", type=int, default=4, help="(b) timed steps per side (one more is run)")
     ap.add_argument("--k", type=int, default=8, help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=None, help="both sides' seeds (default: the config's)")
@@ -265,6 +304,9 @@ def main() -> int:
     ap.add_argument("--report", action="store_true", help="print the comparison of results already saved")
     ap.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)  # a child process
     a = ap.parse_args()
+    if a.setting in CURVES:
+        a.steps = a.steps or CURVES[a.setting][1]
+        a.eval_every = a.eval_every or CURVES[a.setting][2]
     name = a.setting if a.seed is None else f"{a.setting}-s{a.seed}"
     out = (a.out / name).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -281,7 +323,9 @@ def main() -> int:
         except ImportError:
             raise SystemExit("bench/vs_trl.py needs TRL: pip install -e '.[bench]'") from None
         model_dir(a, cfg, out)  # once, before either side's clock
-        for side in SIDES:
+        if a.dapo_from:
+            (out / "dapo-ray.json").write_text(json.dumps(from_ablation(a, cfg, a.dapo_from.resolve())))
+        for side in SIDES if not a.dapo_from else ("trl",):
             print(f"[vs_trl] {a.setting}: {side} ...", flush=True)
             t0 = time.time()
             with (out / f"{side}.log").open("w") as f:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from dapo_ray.algo.reward import compute_score
+from dapo_ray.algo.reward import Mode, compute_score
 from dapo_ray.data import synthetic_prompts
 from dapo_ray.types import PromptRow
 
@@ -120,11 +120,11 @@ def _sft_batch(tokenizer, rows: list[PromptRow]) -> tuple[torch.Tensor, torch.Te
 @torch.no_grad()
 def sampled_accuracy(
     model, tokenizer, rows: list[PromptRow], samples: int, max_new_tokens: int, seed: int = 0, greedy: bool = False,
-    temperature: float = 1.0, top_p: float = 1.0,
+    temperature: float = 1.0, top_p: float = 1.0, mode: Mode = "dapo",
 ) -> float:  # fmt: skip
-    """Mean correctness of `samples` samples per problem (avg@samples) at `temperature` and `top_p`, HF
-    generation, with no top-k cut (`top_k=0`: HF's default would cut to the 50 likeliest tokens); with
-    `greedy`, of the one greedy answer per problem."""
+    """Mean correctness (`compute_score` in `mode`) of `samples` samples per problem (avg@samples) at
+    `temperature` and `top_p`, HF generation, with no top-k cut (`top_k=0`: HF's default would cut to the 50
+    likeliest tokens); with `greedy`, of the one greedy answer per problem."""
     torch.manual_seed(seed)
     tokenizer.padding_side = "left"
     correct = total = 0
@@ -139,7 +139,7 @@ def sampled_accuracy(
         )  # fmt: skip
         texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         for j, text in enumerate(texts):
-            correct += compute_score(text, chunk[j // (1 if greedy else samples)]["ground_truth"])["acc"]
+            correct += compute_score(text, chunk[j // (1 if greedy else samples)]["ground_truth"], mode)["acc"]
             total += 1
     model.train()
     return correct / total
