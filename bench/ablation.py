@@ -24,7 +24,8 @@ Each run is its own process with its own local Ray cluster, one after another; i
 `<out>/runs/<rung>-s<seed>.json` (`--out`: runs/ablation), so an interrupted ladder resumes where it
 stopped. The table goes to stdout and `<out>/ablation.md`, the plots (held-out accuracy, mean reward,
 response length and entropy: mean and min-max over seeds) to `<out>/ablation.png` against generated responses
-and to `<out>/ablation-minutes.png` against wall minutes of training (held-out evaluations not counted).
+and to `<out>/ablation-minutes.png` against minutes of training (the steps' own time: held-out evaluations,
+start-up and the final save not counted).
 
     python bench/ablation.py --rungs dapo --config workflows/configs/smollm2_cpu.yaml \
         --max-generated 100000 --set trainer.total_steps=20 --out runs/smollm2-seeds   # SmolLM2, 3 seeds
@@ -54,7 +55,7 @@ def run_one(rung: str, seed: int, max_generated: int, eval_every: int, out: Path
             config: Path = CONFIG) -> dict:  # fmt: skip
     """One run of the ladder, in this process; returns what the table and plots need."""
     from dapo_ray.config import load_config
-    from dapo_ray.driver import run
+    from dapo_ray.driver import run, training_s
     from dapo_ray.models import ensure_model
 
     base = load_config(config)
@@ -76,16 +77,24 @@ def run_one(rung: str, seed: int, max_generated: int, eval_every: int, out: Path
             "dynamic_sampling/generated_groups", "ledger/resampled")}}
         for e, g in zip(summary["steps_log"], _cumulative(summary["steps_log"], cfg.rollout.n), strict=True)
     ]  # fmt: skip
-    minutes = 0.0
-    for s in steps:  # training wall minutes at the end of each step (held-out evaluations not counted)
-        minutes += s["timing/step_s"] / 60
-        s["train_min"] = minutes
-    evals = [{**{k: e[k] for k in ("step", "generated", "train_s", "eval/avg_at_k", "eval/pass_at_k")},
-              "train_min": (e["train_s"] - e["eval_s"]) / 60 if e["train_s"] else 0.0}
+    for s in steps:  # minutes of training at the end of each step (`driver.training_s`)
+        s["train_min"] = training_s(summary, s["step"]) / 60
+    evals = [{k: e[k] for k in ("step", "generated", "train_s", "eval/avg_at_k", "eval/pass_at_k")}
              for e in summary["evals"]]  # fmt: skip
     return {"rung": rung, "seed": seed, "config": str(config), "max_generated": max_generated, "extra": extra,
             "train_s": summary["train_s"], "eval_s": summary["eval_s"], "totals": summary["totals"],
             "n": cfg.rollout.n, "steps": steps, "evals": evals}  # fmt: skip
+
+
+def load(path: Path) -> dict:
+    """A saved run, each evaluation with its minutes of training: those of the step it follows."""
+    result, minutes = json.loads(path.read_text()), 0.0
+    for s in result["steps"]:  # runs saved before steps kept their minutes
+        minutes += s["timing/step_s"] / 60
+        s.setdefault("train_min", minutes)
+    for e in result["evals"]:
+        e["train_min"] = max((s["train_min"] for s in result["steps"] if s["step"] <= e["step"]), default=0.0)
+    return result
 
 
 def _cumulative(steps_log: list[dict], n: int) -> list[int]:
@@ -114,13 +123,13 @@ def table(results: list[dict]) -> str:
     mean and spread over seeds, with entropy and length over the last fifth of each run."""
     by_rung = {r: [x for x in results if x["rung"] == r] for r in NAMES}
     by_rung = {r: xs for r, xs in by_rung.items() if xs}
-    equal_time = min(x["evals"][-1]["train_s"] for xs in by_rung.values() for x in xs)
+    equal_time = min(x["evals"][-1]["train_min"] for xs in by_rung.values() for x in xs)
 
     def fmt(values: list[float]) -> str:
         mean = statistics.fmean(values)
         return f"{mean:.1%} ± {statistics.pstdev(values):.1%}" if len(values) > 1 else f"{mean:.1%}"
 
-    lines = [f"| rung | seeds | held-out avg@8 at start | at equal generation | at equal time ({equal_time / 60:.1f} min) "
+    lines = [f"| rung | seeds | held-out avg@8 at start | at equal generation | at equal time ({equal_time:.1f} min of training) "
              "| steps | minutes of training | entropy (last 20%) | response length (last 20%) | truncated (last 20%) |",
              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for rung, xs in by_rung.items():
@@ -129,9 +138,9 @@ def table(results: list[dict]) -> str:
             rung, str(len(xs)),
             fmt([x["evals"][0]["eval/avg_at_k"] for x in xs]),
             fmt([x["evals"][-1]["eval/avg_at_k"] for x in xs]),
-            fmt([at([(e["train_s"], e["eval/avg_at_k"]) for e in x["evals"]], equal_time) for x in xs]),
+            fmt([at([(e["train_min"], e["eval/avg_at_k"]) for e in x["evals"]], equal_time) for x in xs]),
             f"{statistics.fmean(len(x['steps']) for x in xs):.0f}",
-            f"{statistics.fmean(x['evals'][-1].get('train_min', x['train_s'] / 60) for x in xs):.1f}",
+            f"{statistics.fmean(x['evals'][-1]['train_min'] for x in xs):.1f}",
             f"{statistics.fmean(s['actor/entropy'] for s in tail):.3f}",
             f"{statistics.fmean(s['response_length/mean'] for s in tail):.1f}",
             f"{statistics.fmean(s['response_length/clip_ratio'] for s in tail):.1%}",
@@ -140,8 +149,8 @@ def table(results: list[dict]) -> str:
 
 
 def plot(results: list[dict], path: Path, x: str = "generated") -> None:
-    """Held-out avg@8, mean reward, response length and entropy against `x`: generated responses
-    ("generated") or wall minutes of training ("train_min"); mean and min-max over seeds."""
+    """Held-out avg@8 (each seed's own points), mean reward, response length and entropy (mean and min-max
+    over seeds) against `x`: generated responses ("generated") or minutes of training ("train_min")."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -155,10 +164,15 @@ def plot(results: list[dict], path: Path, x: str = "generated") -> None:
             xs = [r for r in results if r["rung"] == rung and all(key in p for p in r[series])]
             if not xs:
                 continue
+            if series == "evals":  # a few points per seed, at different x: each seed's own line
+                color = ax.plot([], [], label=rung)[0].get_color()
+                for r in xs:
+                    ax.plot([p[x] for p in r[series]], [p[key] for p in r[series]], marker="o", color=color, alpha=0.6)
+                continue
             grid = sorted({p[x] for r in xs for p in r[series]})
             curves = [[at([(p[x], p[key]) for p in r[series]], g) for g in grid] for r in xs]
             mean = [statistics.fmean(c[i] for c in curves) for i in range(len(grid))]
-            ax.plot(grid, mean, label=rung, marker="o" if series == "evals" else None)
+            ax.plot(grid, mean, label=rung)
             ax.fill_between(grid, [min(c[i] for c in curves) for i in range(len(grid))],
                             [max(c[i] for c in curves) for i in range(len(grid))], alpha=0.15)  # fmt: skip
         ax.set_title(title)
@@ -212,18 +226,17 @@ def main() -> int:
         if rc != 0:
             print(f"[ablation] {rung} seed {seed} failed (exit {rc}); see {log}", flush=True)
             return rc
-        evals = json.loads(done.read_text())["evals"]
+        evals = load(done)["evals"]
         print(f"[ablation]   held-out avg@8 {evals[0]['eval/avg_at_k']:.1%} -> {evals[-1]['eval/avg_at_k']:.1%}", flush=True)
 
-    results = [json.loads((out / "runs" / f"{r}-s{s}.json").read_text()) for r, s in todo]
+    results = [load(out / "runs" / f"{r}-s{s}.json") for r, s in todo]
     text = table(results)
     if args.extra:
         text = f"Overrides on every run: `{' '.join(args.extra)}`\n\n{text}"
     print(text)
     (out / "ablation.md").write_text(text + "\n")
     plot(results, out / "ablation.png")
-    if all("train_min" in e for r in results for e in r["evals"]):
-        plot(results, out / "ablation-minutes.png", x="train_min")
+    plot(results, out / "ablation-minutes.png", x="train_min")
     print(f"[ablation] {out / 'ablation.md'}, {out / 'ablation.png'}  ({(time.time() - t0) / 60:.0f} min)")
     return 0
 

@@ -109,24 +109,26 @@ def model_dir(a: argparse.Namespace, cfg, out: Path) -> Path:
 
 
 def side_dapo(a: argparse.Namespace, cfg) -> dict:
-    from dapo_ray.driver import run
+    from dapo_ray.driver import run, training_s
 
     shutil.rmtree(cfg.trainer.output_dir, ignore_errors=True)  # a fresh run, not a resume
     summary = run(cfg)
     step_s = [e["metrics"]["timing/step_s"] for e in summary["steps_log"][1:]]
     return {
-        "steps": summary["steps"], "time_s": summary["train_s"] - summary["eval_s"],
+        "steps": summary["steps"], "time_s": training_s(summary, summary["steps"]),
         "generated": summary["totals"]["generated_groups"] * cfg.rollout.n,
         "trained": summary["totals"]["kept_groups"] * cfg.rollout.n,
         "step_s": statistics.median(step_s) if step_s else None,
-        "evals": [{"step": e["step"], "time_s": e["train_s"] - e["eval_s"], "avg_at_8": e["eval/avg_at_k"]}
+        "evals": [{"step": e["step"], "time_s": training_s(summary, e["step"]), "avg_at_8": e["eval/avg_at_k"]}
                   for e in summary["evals"]],
     }  # fmt: skip
 
 
 def from_ablation(a: argparse.Namespace, cfg, path: Path) -> dict:
     """The dapo-ray side from a saved `bench/ablation.py` run of the same config, seed and steps."""
-    run = json.loads(path.read_text())
+    import ablation
+
+    run = ablation.load(path)
     config = CURVES.get(a.setting, (REASONING,))[0]
     want = {"rung": "dapo", "config": str(config), "seed": cfg.trainer.seed, "steps": cfg.trainer.total_steps}
     have = {"rung": run["rung"], "config": run.get("config"), "seed": run["seed"], "steps": len(run["steps"])}
@@ -135,7 +137,7 @@ def from_ablation(a: argparse.Namespace, cfg, path: Path) -> dict:
                          f"this comparison needs {want} and no --set")  # fmt: skip
     step_s = [s["timing/step_s"] for s in run["steps"][1:]]
     return {
-        "steps": len(run["steps"]), "time_s": run["train_s"] - run["eval_s"],
+        "steps": len(run["steps"]), "time_s": run["steps"][-1]["train_min"] * 60,
         "generated": run["totals"]["generated_groups"] * run["n"], "trained": run["totals"]["kept_groups"] * run["n"],
         "step_s": statistics.median(step_s) if step_s else None,
         "evals": [{"step": e["step"], "time_s": e["train_min"] * 60, "avg_at_8": e["eval/avg_at_k"]} for e in run["evals"]],
@@ -317,14 +319,14 @@ def main() -> int:
         (out / f"{a.side}.json").write_text(json.dumps(result))
         return 0
 
+    if a.dapo_from:
+        (out / "dapo-ray.json").write_text(json.dumps(from_ablation(a, cfg, a.dapo_from.resolve())))
     if not a.report:
         try:
             import trl  # noqa: F401
         except ImportError:
             raise SystemExit("bench/vs_trl.py needs TRL: pip install -e '.[bench]'") from None
         model_dir(a, cfg, out)  # once, before either side's clock
-        if a.dapo_from:
-            (out / "dapo-ray.json").write_text(json.dumps(from_ablation(a, cfg, a.dapo_from.resolve())))
         for side in SIDES if not a.dapo_from else ("trl",):
             print(f"[vs_trl] {a.setting}: {side} ...", flush=True)
             t0 = time.time()

@@ -105,6 +105,7 @@ def _train(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     """Build the config's model if missing (`rollout.model_source`), evaluate, train with DAPO, evaluate
     again."""
+    from dapo_ray.driver import training_s
     from dapo_ray.models import ensure_model
 
     cfg = load_config(args.config, args.overrides)
@@ -114,9 +115,10 @@ def _demo(args: argparse.Namespace) -> int:
     k = cfg.eval.n
     if before and after:
         print(f"\nheld-out avg@{k}: {before['eval/avg_at_k']:.1%} before -> {after['eval/avg_at_k']:.1%} after "
-              f"{summary['steps']} DAPO steps ({summary['train_s'] / 60:.1f} min of training)")  # fmt: skip
-        print("accuracy against training time: " + ", ".join(
-            f"{e['train_s'] / 60:.1f} min {e['eval/avg_at_k']:.0%}" for e in summary["evals"]))
+              f"{summary['steps']} DAPO steps ({training_s(summary, summary['steps']) / 60:.1f} min of training, "
+              f"{summary['train_s'] / 60:.1f} min with the evaluations)")  # fmt: skip
+        print("accuracy against minutes of training: " + ", ".join(
+            f"{training_s(summary, e['step']) / 60:.1f} min {e['eval/avg_at_k']:.1%}" for e in summary["evals"]))
     return 0
 
 

@@ -615,6 +615,17 @@ class _Run:
         return summary
 
 
+def training_s(summary: dict, step: int) -> float:
+    """Seconds this process spent in training steps up to and including `step` (the sum of the steps'
+    `timing/step_s`): the run's clock with held-out evaluations, start-up and the final save left out.
+
+    >>> training_s({"steps_log": [{"step": 1, "metrics": {"timing/step_s": 30.0}},
+    ...                           {"step": 2, "metrics": {"timing/step_s": 40.0}}]}, 1)
+    30.0
+    """
+    return sum(e["metrics"]["timing/step_s"] for e in summary["steps_log"] if e["step"] <= step)
+
+
 def resume_command() -> str:
     """This process's command line, as a shell would take it."""
     import shlex
