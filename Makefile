@@ -4,12 +4,15 @@ PY := $(VENV)/bin/python
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: setup demo test test-fast bench lint
+.PHONY: setup demo demo-tiny test test-fast bench lint
 
 setup:            ## build .venv from scratch (fast no-op when up to date)
 	bash scripts/setup.sh
 
-demo: setup       ## set up, then run the DAPO demo on a tiny model on a local Ray cluster
+demo: setup       ## set up, then run the DAPO demo (SmolLM2-135M-Instruct, about 16 min) on a local Ray cluster
+	$(VENV)/bin/dapo-ray demo --config workflows/configs/smollm2_cpu.yaml
+
+demo-tiny: setup  ## the fast path: the same recipe on a 0.6M-parameter model built here (about 8 min)
 	$(VENV)/bin/dapo-ray demo --config workflows/configs/tiny_cpu.yaml
 
 test: setup       ## set up, then run the whole test suite

@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 import yaml
 
-DEFAULT_CONFIG = "workflows/configs/tiny_cpu.yaml"
-"""The config a `dapo-ray` command reads without --config: the demo's."""
+DEFAULT_CONFIG = "workflows/configs/smollm2_cpu.yaml"
+"""The config a `dapo-ray` command reads without --config: the demo's (`make demo`)."""
 
 
 class ConfigError(ValueError):

@@ -1,0 +1,27 @@
+"""The demo's config and the clock its minutes of training are read on."""
+
+import re
+from pathlib import Path
+
+from dapo_ray.config import DEFAULT_CONFIG, load_config
+from dapo_ray.driver import training_s
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_make_demo_runs_the_default_config_on_smollm2_and_demo_tiny_the_tiny_model():
+    makefile = (ROOT / "Makefile").read_text()
+    demo = re.search(r"^demo:.*\n\t.*--config (\S+)", makefile, re.M).group(1)
+    tiny = re.search(r"^demo-tiny:.*\n\t.*--config (\S+)", makefile, re.M).group(1)
+    assert demo == DEFAULT_CONFIG
+    assert load_config(ROOT / demo).rollout.model_source == "smollm2"
+    assert load_config(ROOT / tiny).rollout.model_source == "tiny"
+    # Their outputs apart: a demo never resumes from the other model's checkpoint.
+    assert load_config(ROOT / demo).trainer.output_dir != load_config(ROOT / tiny).trainer.output_dir
+
+
+def test_minutes_of_training_are_the_steps_own_time_up_to_a_step():
+    summary = {"steps_log": [{"step": s, "metrics": {"timing/step_s": t}} for s, t in ((1, 55.0), (2, 30.0), (3, 40.0))]}
+    assert [training_s(summary, s) for s in (0, 1, 2, 3, 9)] == [0.0, 55.0, 85.0, 125.0, 125.0]
+    # A resumed run's log starts at the step it resumed from: only this process's steps count.
+    assert training_s({"steps_log": summary["steps_log"][1:]}, 3) == 70.0
