@@ -55,7 +55,7 @@ def run_one(rung: str, seed: int, max_generated: int, eval_every: int, out: Path
             config: Path = CONFIG) -> dict:  # fmt: skip
     """One run of the ladder, in this process; returns what the table and plots need."""
     from dapo_ray.config import load_config
-    from dapo_ray.driver import run, training_s
+    from dapo_ray.driver import run
     from dapo_ray.models import ensure_model
 
     base = load_config(config)
@@ -77,8 +77,6 @@ def run_one(rung: str, seed: int, max_generated: int, eval_every: int, out: Path
             "dynamic_sampling/generated_groups", "ledger/resampled")}}
         for e, g in zip(summary["steps_log"], _cumulative(summary["steps_log"], cfg.rollout.n), strict=True)
     ]  # fmt: skip
-    for s in steps:  # minutes of training at the end of each step (`driver.training_s`)
-        s["train_min"] = training_s(summary, s["step"]) / 60
     evals = [{k: e[k] for k in ("step", "generated", "train_s", "eval/avg_at_k", "eval/pass_at_k")}
              for e in summary["evals"]]  # fmt: skip
     return {"rung": rung, "seed": seed, "config": str(config), "max_generated": max_generated, "extra": extra,
@@ -87,11 +85,12 @@ def run_one(rung: str, seed: int, max_generated: int, eval_every: int, out: Path
 
 
 def load(path: Path) -> dict:
-    """A saved run, each evaluation with its minutes of training: those of the step it follows."""
+    """A saved run with minutes of training (the steps' own time, as `driver.training_s` counts it) at the
+    end of each step and at each evaluation (those of the step it follows)."""
     result, minutes = json.loads(path.read_text()), 0.0
-    for s in result["steps"]:  # runs saved before steps kept their minutes
+    for s in result["steps"]:
         minutes += s["timing/step_s"] / 60
-        s.setdefault("train_min", minutes)
+        s["train_min"] = minutes
     for e in result["evals"]:
         e["train_min"] = max((s["train_min"] for s in result["steps"] if s["step"] <= e["step"]), default=0.0)
     return result

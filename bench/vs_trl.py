@@ -129,8 +129,9 @@ def from_ablation(a: argparse.Namespace, cfg, path: Path) -> dict:
     import ablation
 
     run = ablation.load(path)
-    config = CURVES.get(a.setting, (REASONING,))[0]
-    want = {"rung": "dapo", "config": str(config), "seed": cfg.trainer.seed, "steps": cfg.trainer.total_steps}
+    if a.setting not in CURVES:
+        raise SystemExit(f"--dapo-from needs an accuracy setting ({', '.join(CURVES)}), not {a.setting}")
+    want = {"rung": "dapo", "config": str(CURVES[a.setting][0]), "seed": cfg.trainer.seed, "steps": cfg.trainer.total_steps}
     have = {"rung": run["rung"], "config": run.get("config"), "seed": run["seed"], "steps": len(run["steps"])}
     if want != have or run["extra"] not in ([], [f"trainer.total_steps={cfg.trainer.total_steps}"]) or a.extra:
         raise SystemExit(f"{path} is not this comparison's dapo-ray run: it has {have}, extra {run['extra']}; "
