@@ -84,6 +84,9 @@ class Micro:
     """The engine's log-probs of the response tokens, aligned with the targets."""
     version_BT: torch.Tensor
     """Policy version that sampled each target token (`NO_VERSION` on prompt and padding)."""
+    first_target: int = 0
+    """The first position that predicts a trained response token (the shortest prompt's length - 1; 0
+    when no response is trained): the output head runs from here on (`PolicyLM`)."""
 
 
 def pad_micro(micro: list[Sample], pad_id: int) -> Micro:
@@ -104,7 +107,8 @@ def pad_micro(micro: list[Sample], pad_id: int) -> Micro:
         tv = s["token_versions"][: n - p]
         version[i, p - 1 : p - 1 + len(tv)] = torch.tensor(tv, dtype=torch.long)
     adv = torch.tensor([s["advantage"] for s in micro])
-    return Micro(ids, att, mask, adv, roll, version)
+    first = min((s["n_prompt"] - 1 for s in micro if s["weight"] > 0), default=0)
+    return Micro(ids, att, mask, adv, roll, version, first)
 
 
 def build_shards(samples: list[Sample], world_size: int, mini_batch_size: int, micro_batch_size: int,

@@ -266,11 +266,11 @@ def _prepare_micro(engine, ref, m: Micro, version: int, recompute: bool, cfg: Co
     old_BT, ref_BT = m.rollout_BT, None
     if recompute:
         ids_BL, att_BL = m.ids_BL.to(engine.device), m.att_BL.to(engine.device)
-        logp_BT = engine(ids_BL, att_BL, temperature)[0].float().cpu()
+        logp_BT = engine(ids_BL, att_BL, temperature, first_target=m.first_target)[0].float().cpu()
         old_BT = behaviour_logprobs(logp_BT, m.rollout_BT, off_policy_BT)
         totals.logprob_diff += float(((logp_BT - m.rollout_BT).abs() * fresh_BT).sum())
         if ref is not None:
-            ref_BT = ref(ids_BL, att_BL, temperature)[0].float().cpu()
+            ref_BT = ref(ids_BL, att_BL, temperature, first_target=m.first_target)[0].float().cpu()
     # pi_old / pi_rollout: exactly 1 where `old` is the engine's log-prob already (older versions).
     # Every response lies whole in one micro-batch (batch.build_shards), as the sequence level needs.
     is_w_BT = None
@@ -314,7 +314,8 @@ def _micro_step(engine, p: _Prepared, mini: dict, with_entropy: bool, cfg: Confi
     """Forward, policy loss and backward of one micro-batch; its statistics go into `totals`."""
     a, device, m = cfg.algorithm, engine.device, p.m
     ids_BL, att_BL = m.ids_BL.to(device), m.att_BL.to(device)
-    logp_BT, ent_BT = engine(ids_BL, att_BL, cfg.rollout.temperature, with_entropy=with_entropy)
+    logp_BT, ent_BT = engine(ids_BL, att_BL, cfg.rollout.temperature, with_entropy=with_entropy,
+                             first_target=m.first_target)  # fmt: skip
     if ent_BT is not None:
         real_BT = (m.mask_BT > 0).double()
         totals.tokens += float(real_BT.sum())

@@ -79,3 +79,49 @@ def test_chunks_are_sized_for_the_largest_micro_batch():
     assert logprob_chunks(budget) == 6
     small = load_config(overrides=[*base, "trainer.micro_batch_tokens=600", "trainer.logprob_chunk_size=500"])
     assert logprob_chunks(small) == 2  # a 1000-token response still goes alone
+
+
+@pytest.mark.parametrize("first_target", [0, 1, 5, 7])
+def test_the_head_runs_from_the_first_response_position_only(lm, first_target):
+    """Positions from `first_target` on score exactly as the whole sequence does (values and the
+    gradient), earlier ones get 0, and the head still runs n_chunks times, on fewer positions."""
+    ids, att = _batch(3, 9)
+    policy = PolicyLM(lm, 2)
+    logp_full, ent_full = policy(ids, att, with_entropy=True)
+    logp_full[:, first_target:].sum().backward()
+    want_grad = {n: p.grad.clone() for n, p in lm.named_parameters() if p.grad is not None}
+    lm.zero_grad(set_to_none=True)
+    rows = []
+    hook = lm.get_output_embeddings().register_forward_hook(lambda mod, args, out: rows.append(args[0].shape[1]))
+    try:
+        logp, ent = policy(ids, att, with_entropy=True, first_target=first_target)
+        assert len(rows) == 2 and rows[0] == -(-(8 - first_target) // 2)
+        logp.sum().backward()
+        for name, grad in want_grad.items():
+            torch.testing.assert_close(dict(lm.named_parameters())[name].grad, grad, rtol=1e-5, atol=1e-6)
+    finally:
+        hook.remove()
+        lm.zero_grad(set_to_none=True)
+    assert logp.shape == ent.shape == (3, 8)
+    assert not logp[:, :first_target].any() and not ent[:, :first_target].any()
+    torch.testing.assert_close(logp[:, first_target:], logp_full[:, first_target:], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent[:, first_target:], ent_full[:, first_target:], rtol=1e-5, atol=1e-5)
+
+
+def test_first_target_out_of_range_is_refused(lm):
+    ids, att = _batch(1, 5)
+    with pytest.raises(ValueError, match="first_target 4 must lie in"):
+        PolicyLM(lm)(ids, att, first_target=4)
+
+
+def test_a_micro_batch_starts_its_head_at_the_shortest_trained_prompt():
+    from dapo_ray.trainer.batch import DUMMY, pad_micro
+
+    def sample(n_prompt, n_resp, weight=1.0):
+        return {"input_ids": list(range(1, n_prompt + n_resp + 1)), "n_prompt": n_prompt, "weight": weight,
+                "advantage": 1.0, "rollout_logprobs": [-1.0] * n_resp, "token_versions": [0]}  # fmt: skip
+
+    m = pad_micro([sample(6, 3), sample(4, 5), sample(2, 1, weight=0.0), DUMMY], 0)
+    assert m.first_target == 3  # the 4-token prompt; the zero-weight one and the dummy are not trained
+    assert not m.mask_BT[:, : m.first_target].any() and m.mask_BT[1, 3] == 1
+    assert pad_micro([DUMMY, DUMMY], 0).first_target == 0
