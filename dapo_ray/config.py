@@ -319,6 +319,12 @@ class TrainerConfig:
     """Parameter / compute dtype of the trainer."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward to save memory."""
+    attn_implementation: Literal["sdpa", "eager"] = "sdpa"
+    """The trainer model's attention (transformers' `attn_implementation`). `sdpa`, PyTorch's fused
+    kernels, is the one for long responses: memory linear in the length. `eager` holds each layer's
+    [heads, T, T] scores and is quadratic, but on CPU and short sequences its backward is quicker than the
+    CPU flash kernel's: SmolLM2, 16 sequences of 66-78 tokens on one thread, forward and backward
+    5.7-7.2 s -> 5.1-6.0 s (`smollm2_cpu.yaml` uses it)."""
     logprob_chunk_size: int = 1024
     """Tokens (responses x positions) per chunk when turning hidden states into log-probs and entropy:
     bounds the float32 logits held at once to about this x vocabulary. Every forward runs the same number

@@ -110,7 +110,7 @@ def build_engines(cfg: Config, world: int):
     t = cfg.trainer
     dtype = torch.bfloat16 if t.dtype == "bfloat16" else torch.float32
     config = ds_config(cfg, world)
-    lm = load_causal_lm(cfg.rollout.model_path, dtype, config)
+    lm = load_causal_lm(cfg.rollout.model_path, dtype, config, t.attn_implementation)
     if t.gradient_checkpointing:
         lm.gradient_checkpointing_enable()
     policy = PolicyLM(lm, logprob_chunks(cfg))
@@ -118,7 +118,8 @@ def build_engines(cfg: Config, world: int):
     engine, *_ = deepspeed.initialize(model=policy, optimizer=optimizer, config=config)
     ref = None
     if cfg.algorithm.kl_coef > 0:
-        ref = PolicyLM(load_causal_lm(cfg.rollout.model_path, dtype, config), logprob_chunks(cfg))
+        ref = PolicyLM(load_causal_lm(cfg.rollout.model_path, dtype, config, t.attn_implementation),
+                       logprob_chunks(cfg))  # fmt: skip
         ref.requires_grad_(False)
         ref.eval()
         if t.zero_stage == 3:  # stays partitioned; DeepSpeed gathers each layer as it runs

@@ -25,7 +25,8 @@ def _stage(ds_config: dict) -> int:
     return int(ds_config.get("zero_optimization", {}).get("stage", 0))
 
 
-def load_causal_lm(model_path: str, dtype: torch.dtype, ds_config: dict) -> torch.nn.Module:
+def load_causal_lm(model_path: str, dtype: torch.dtype, ds_config: dict, attn_implementation: str = "sdpa"
+                   ) -> torch.nn.Module:  # fmt: skip
     """An HF causal LM from a local directory, partitioned at construction under ZeRO-3.
 
     `ds_config` is the complete DeepSpeed config that will go to `deepspeed.initialize` (batch sizes,
@@ -60,14 +61,16 @@ def load_causal_lm(model_path: str, dtype: torch.dtype, ds_config: dict) -> torc
     from transformers import AutoModelForCausalLM
 
     if _stage(ds_config) != 3:
-        return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, use_safetensors=True)
+        return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, use_safetensors=True,
+                                                    attn_implementation=attn_implementation)  # fmt: skip
     partition_dtype = _zero_init_dtype(ds_config)
     if dtype != partition_dtype:
         raise ValueError(f"dtype {dtype} but deepspeed.zero.Init would cast parameters to {partition_dtype}: "
                          'set "bf16" (or "fp16") "enabled" in the DeepSpeed config to match')  # fmt: skip
     with _hf_zero3(ds_config):
         model, info = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, output_loading_info=True,
-                                                           use_safetensors=True)  # fmt: skip
+                                                           use_safetensors=True,
+                                                           attn_implementation=attn_implementation)  # fmt: skip
     if info["missing_keys"]:
         raise ValueError(f"{model_path} lacks weights for {sorted(info['missing_keys'])}")
     return model

@@ -125,3 +125,25 @@ def test_a_micro_batch_starts_its_head_at_the_shortest_trained_prompt():
     assert m.first_target == 3  # the 4-token prompt; the zero-weight one and the dummy are not trained
     assert not m.mask_BT[:, : m.first_target].any() and m.mask_BT[1, 3] == 1
     assert pad_micro([DUMMY, DUMMY], 0).first_target == 0
+
+
+def test_eager_attention_scores_as_sdpa_does(tmp_path):
+    """`trainer.attn_implementation` reaches the trainer's model, and eager attention gives the log-probs
+    (and gradients) of the default fused kernel, padding included."""
+    from transformers import Qwen2ForCausalLM
+
+    from dapo_ray.tiny_model import tiny_config
+    from dapo_ray.trainer.zero import load_causal_lm
+
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(tiny_config(vocab_size=97, hidden=32, layers=2)).save_pretrained(tmp_path)
+    ids, att = _batch(3, 12)
+    out = {}
+    for impl in ("sdpa", "eager"):
+        lm = load_causal_lm(str(tmp_path), torch.float32, {"zero_optimization": {"stage": 1}}, impl)
+        assert lm.config._attn_implementation == impl
+        logp, _ = PolicyLM(lm)(ids, att, first_target=2)
+        (logp * att[:, 1:]).sum().backward()
+        out[impl] = (logp.detach() * att[:, 1:], lm.model.layers[0].self_attn.q_proj.weight.grad)
+    torch.testing.assert_close(out["eager"][0], out["sdpa"][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out["eager"][1], out["sdpa"][1], rtol=1e-4, atol=1e-6)
