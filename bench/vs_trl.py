@@ -35,7 +35,7 @@ training time, and the time each side needs to reach the best accuracy both side
 
 (c) As (a), on SmolLM2-135M-Instruct and `smollm2_cpu.yaml` (20 steps, evaluated every 10): a real BPE
 tokenizer and ChatML template on both sides, both in bf16 (TRL by autocast), both scoring with the config's
-`math_verify`.
+`math_verify`, both with the config's `trainer.attn_implementation` (eager there).
 
 (b) Throughput only: the 23M-parameter random model of `bench/rollout.py` (EOS suppressed, so every
 response is `max_response_length` = 128 tokens) on the reasoning flavour's prompts, 8 prompts x n 8 per
@@ -164,7 +164,9 @@ def side_trl(a: argparse.Namespace, cfg, path: Path) -> dict:
     steps = t.total_steps  # the same number of steps as the dapo-ray side
     tokenizer = AutoTokenizer.from_pretrained(path)
     eval_tokenizer = AutoTokenizer.from_pretrained(path)  # sampled_accuracy sets its padding side
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    # The trainer's attention kernel too (`trainer.attn_implementation`): a setting of the model, not of
+    # either system, so neither side wins by it.
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=t.attn_implementation)
 
     def correctness(completions, ground_truth, **_) -> list[float]:
         return [compute_score(c[0]["content"], gt, cfg.reward.mode)["score"]
