@@ -345,22 +345,22 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
             if run.restarted(res):
                 continue
             run.step = res["step"]
+            run.check_sync()  # the previous sync's: a replica answered while this step trained
 
-            # 3. Sync: every replica serves the new version before the next on-policy rollout; check it.
+            # 3. Sync: every replica serves the new version before the next on-policy rollout; ask a replica
+            #    for the probe's log-probs, read at the next step (see `check_sync`).
             t3 = time.time()
             versions = stack.sync(run.step)
             run.producer.served(run.step)
             t4 = time.time()
-            engine_version, engine_lp = stack.handle.sequence_logprobs.remote(probe_ids).result()
-            probe_diff = max(abs(x - y) for x, y in zip(engine_lp, res.pop("probe_logprobs"), strict=True))
-            t5 = time.time()
+            run.sync_check = (run.step, stack.handle.sequence_logprobs.remote(probe_ids), res.pop("probe_logprobs"))
 
             # 4. Log the step.
             timing = {"timing/generate_s": b.generate_s, "timing/wait_batch_s": b.waited_s, "timing/shard_s": t2 - t1,
-                      "timing/train_s": t3 - t2, "timing/sync_s": t4 - t3, "timing/probe_s": t5 - t4}  # fmt: skip
+                      "timing/train_s": t3 - t2, "timing/sync_s": t4 - t3}  # fmt: skip
             sync = {"weight_sync/wait_s": t4 - t3, "weight_sync/load_s": stack.load_s(),
-                    "weight_sync/logprob_max_diff": probe_diff, "weight_sync/replicas": len(versions)}  # fmt: skip
-            metrics = run.stepped(b, res, sync | timing, time.time() - t0, versions, engine_version)
+                    "weight_sync/replicas": len(versions)}  # fmt: skip
+            metrics = run.stepped(b, res, sync | timing, time.time() - t0, versions)
             if run.too_many_skipped_updates(metrics):
                 break
 
@@ -376,6 +376,7 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
                     run.step = res["step"]
                 run.summary["stopped"] = {"step": run.step, "signal": stop.signal}
                 break
+        run.check_sync(last=True)
     finally:
         run.stop_training()
     if stop.signal:  # no final model and no final evaluation: the run is not over
@@ -412,6 +413,10 @@ class _Run:
         self.empty_steps = 0  # steps in a row that found no group to train on
         self.skip_streak = 0  # optimizer updates skipped in a row for a NaN/inf gradient
         self.held_out = ""  # the latest held-out score, for the step lines and the status line
+        # The latest sync's check, until `check_sync` reads it: (step, a replica's answer to come, the
+        # trainer's log-probs of the probe); and the last one read, for the step lines.
+        self.sync_check: tuple | None = None
+        self.sync_checked = "sync diff -"
         self.t_train: float | None = None  # when training started (after the first evaluation)
 
     # --- where the run stands, and going back to a checkpoint ---------------------------------------------
@@ -441,6 +446,7 @@ class _Run:
         steps since are trained again, from the prompts and carried groups saved with it."""
         if res["kind"] != "ready":
             return False
+        self.check_sync()  # before the replicas load the checkpoint's weights
         self.producer.close()  # a prefetch in flight is discarded, as on a resume
         failed_at = self.step + 1
         log(f"a trainer worker failed in step {failed_at}; Ray Train restarted the workers from the checkpoint of "
@@ -511,9 +517,9 @@ class _Run:
                 "is too hard or too easy for this model (check eval accuracy and rollout settings)")
         return self.empty_steps
 
-    def stepped(self, b, res: dict, extra: dict[str, float], step_s: float, replica_versions: dict[str, int],
-                probe_version: int) -> dict:  # fmt: skip
-        """Log a trained step: its metrics to MLflow and Ray's metrics, the summary, the console."""
+    def stepped(self, b, res: dict, extra: dict[str, float], step_s: float, replica_versions: dict[str, int]) -> dict:
+        """Log a trained step: its metrics to MLflow and Ray's metrics, the summary, the console. Its sync's
+        check joins them at the next step (`check_sync`)."""
         fill = b.fill
         self.skip_streak = self.skip_streak + res["actor/updates"] \
             if res["actor/skipped_updates"] == res["actor/updates"] else res["skip/trailing"]  # fmt: skip
@@ -527,15 +533,40 @@ class _Run:
         }
         metrics |= _phases(metrics, step_s=step_s)
         self.summary["steps_log"].append({"step": self.step, "replica_versions": replica_versions,
-                                          "probe_version": probe_version, "draws": b.draws, "metrics": metrics,
+                                          "probe_version": None, "draws": b.draws, "metrics": metrics,
                                           "sampled_by": [(g.get("replica"), g["policy_version"]) for g in b.generated]})  # fmt: skip
         self.tracker.log(metrics, step=self.step)
         self.exported.record(metrics, step=self.step)
         self.pace.mark(self.step)
         self.live.update(started=time.time(), last=f"last step: reward {metrics['critic/score/mean']:+.3f} "
                                                    f"acc {metrics['rollout/acc_all_generated']:.1%}")  # fmt: skip
-        _print_step(self.step, self.cfg.trainer.total_steps, metrics, fill, self.pace.eta(), self.held_out)
+        _print_step(self.step, self.cfg.trainer.total_steps, metrics, fill, self.pace.eta(), self.sync_checked,
+                    self.held_out)  # fmt: skip
         return metrics
+
+    def check_sync(self, last: bool = False) -> None:
+        """Read the latest sync's check, if one is pending: the largest difference between a replica's
+        log-probs of the probe sequence and the trainer's, at the version just synced. Recorded with the
+        step whose sync it checks (`probe_version` is the version the replica answered with). The driver
+        asks right after the sync and reads at the next step, after its training: the replica answers in
+        its first decoding steps after the load, which recompute the requests the load interrupted (4-6 s
+        on 2 CPU cores), and the driver need not wait for them. This is read before the next sync, so no
+        later load can come first. The `last` one, after the loop, gets a line of its own."""
+        if self.sync_check is None:
+            return
+        (step, answer, trainer_lp), self.sync_check = self.sync_check, None
+        t0 = time.time()
+        engine_version, engine_lp = answer.result()
+        diff = max(abs(x - y) for x, y in zip(engine_lp, trainer_lp, strict=True))
+        checked = {"weight_sync/logprob_max_diff": diff, "timing/probe_s": time.time() - t0}
+        entry = next(e for e in reversed(self.summary["steps_log"]) if e["step"] == step)
+        entry["probe_version"] = engine_version
+        entry["metrics"] |= checked
+        self.tracker.log(checked, step=step)
+        self.exported.record(checked, step=step)
+        self.sync_checked = f"sync diff {diff:.1e} (v{engine_version})"
+        if last:
+            log(f"step {step}'s sync: {self.sync_checked}")
 
     def too_many_skipped_updates(self, metrics: dict) -> bool:
         t = self.cfg.trainer
@@ -656,8 +687,9 @@ def _report(cfg: Config, tracker: Tracker) -> str:
     return str(out)
 
 
-def _print_step(step: int, total: int, m: dict, fill, eta: str, held_out: str) -> None:
-    """One line per step: the console's and the job log's record of the run."""
+def _print_step(step: int, total: int, m: dict, fill, eta: str, sync_checked: str, held_out: str) -> None:
+    """One line per step: the console's and the job log's record of the run (with the previous sync's
+    check: `_Run.check_sync`)."""
     log(f"step {step}/{total}  {eta}  reward {m['critic/score/mean']:+.3f}  acc {m['rollout/acc_all_generated']:.1%}  "
         f"kept {fill.kept_groups}/{fill.generated_groups} groups in {fill.rounds} round(s)"
         f"{f' +{fill.carried_in} carried' if fill.carried_in else ''}  "
@@ -665,7 +697,7 @@ def _print_step(step: int, total: int, m: dict, fill, eta: str, held_out: str) -
         f"clip+ {m['actor/clipfrac_high']:.3f} clip- {m['actor/clipfrac_low']:.3f}  "
         + (f"IS w {m['rollout_corr/rollout_is_mean']:.3f} max {m['rollout_corr/rollout_is_max']:.2f} beyond "
            f"{m['rollout_corr/rollout_is_ratio_fraction_high']:.2%}  " if "rollout_corr/rollout_is_mean" in m else "")
-        + f"sync diff {m['weight_sync/logprob_max_diff']:.1e}  replicas {m['weight_sync/replicas']}  step {m['timing/step_s']:.2f}s = "
+        + f"{sync_checked}  replicas {m['weight_sync/replicas']}  step {m['timing/step_s']:.2f}s = "
         + " ".join(f"{k.removeprefix('phase/').removesuffix('_s')} {m[k]:.2f}" for k in PHASES)
         + f" (of sync: load {m.get('weight_sync/load_s', 0.0):.2f})"
         + (f"  | {held_out}" if held_out else ""))  # fmt: skip
@@ -678,7 +710,7 @@ PHASES = ("phase/generate_s", "phase/old_logprob_s", "phase/update_s", "phase/pu
 def _phases(m: dict, step_s: float) -> dict[str, float]:
     """Where the step's wall time went, on the critical path: waiting for the batch (generation and
     scoring not hidden behind the previous step's training), old log-probs, updates, the weight publish,
-    the replicas' sync, and the rest (shards, channel and report hops, the probe check)."""
+    the replicas' sync, and the rest (shards, channel and report hops, reading the previous sync's check)."""
     named = {
         "phase/generate_s": m["timing/wait_batch_s"],
         "phase/old_logprob_s": m["timing/old_logprob_s"],

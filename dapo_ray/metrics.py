@@ -71,7 +71,7 @@ METRICS: dict[str, str] = {
     "weight_sync/publish_s": "seconds to gather the weights and put them in the object store (trainer)",
     "weight_sync/wait_s": "seconds until every replica served the new version",
     "weight_sync/load_s": "seconds the slowest replica's latest load took (engine thread queueing included); the part of wait_s spent loading",
-    "weight_sync/logprob_max_diff": "max |engine - trainer| log-prob of a fixed probe sequence after sync",
+    "weight_sync/logprob_max_diff": "max |engine - trainer| log-prob of a fixed probe sequence after the step's sync",
     "weight_sync/replicas": "replicas serving the new version",
     # timing
     "timing/generate_s": "seconds filling this step's batch (rollout, scoring, filter); may overlap training",
@@ -82,7 +82,7 @@ METRICS: dict[str, str] = {
     "timing/shard_s": "seconds building the per-worker shards (driver)",
     "timing/train_s": "seconds from handing the shards to the trainer to its reply",
     "timing/sync_s": "seconds until every replica served the new version",
-    "timing/probe_s": "seconds of the probe log-prob check on a replica",
+    "timing/probe_s": "seconds the driver waited for the sync's probe check, read at the next step",
     "timing/step_s": "wall seconds of the whole step",
     # where the step's time went, on the critical path (they sum to timing/step_s)
     "phase/generate_s": "waiting for the batch: rollout and scoring not hidden behind training",
@@ -90,7 +90,7 @@ METRICS: dict[str, str] = {
     "phase/update_s": "gradient updates",
     "phase/publish_s": "gathering the weights and putting them in the object store",
     "phase/sync_s": "until every replica serves the new version",
-    "phase/other_s": "the rest: shards, channel and report hops, checkpoint, probe check",
+    "phase/other_s": "the rest: shards, channel and report hops, checkpoint, the previous sync's probe check",
     # evaluation
     "eval/avg_at_k": "mean accuracy over k samples per held-out problem",
     "eval/pass_at_k": "share of held-out problems with at least one correct sample",

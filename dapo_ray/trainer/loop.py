@@ -237,22 +237,25 @@ def _prepare(engine, ref, shard: list[dict], version: int, cfg: Config, totals: 
              correction: _CorrectionTotals) -> list[tuple[dict, list[_Prepared]]]:  # fmt: skip
     """Behaviour log-probs (and reference log-probs for the KL term), before any update; each mini-batch
     with its prepared micro-batches. A token an older policy sampled takes the engine's log-prob
-    (`behaviour_logprobs`), so the trainer's own are needed only for tokens of the current version. When
-    no rank holds one and there is no KL term (the steady state while generation overlaps training), the
-    forward pass is skipped. Every rank decides alike: under ZeRO-3 a forward is a collective."""
-    fresh_here = any(s["weight"] > 0 and max(s["token_versions"], default=-1) >= version
-                     for mini in shard for micro in mini["micro"] for s in micro)  # fmt: skip
+    (`behaviour_logprobs`), so the trainer's own are needed only for tokens of the current version: the
+    forward pass runs only for the micro-batches where some rank holds one, or all of them with a KL term.
+    While generation overlaps training most batches hold none (no forward at all); a batch that needed a
+    further generation round after the sync holds a few such groups. Every rank decides alike, micro-batch
+    by micro-batch (each rank holds as many: `build_shards`): under ZeRO-3 a forward is a collective."""
+    fresh_here = [float(any(s["weight"] > 0 and max(s["token_versions"], default=-1) >= version for s in micro))
+                  for mini in shard for micro in mini["micro"]]  # fmt: skip
     # Every rank joins this all-reduce, with a reference model too.
-    any_fresh = collective.all_reduce(torch.tensor([float(fresh_here)]), engine.device, op="max")
-    recompute = ref is not None or bool(any_fresh.item())
+    fresh = collective.all_reduce(torch.tensor(fresh_here or [0.0]), engine.device, op="max").tolist()
     engine.eval()
-    prepared = []
+    prepared, j = [], 0
     with torch.no_grad():
         for mini in shard:
             micros = []
             for samples in mini["micro"]:
                 m = pad_micro(samples, PAD_ID)
+                recompute = ref is not None or fresh[j] > 0
                 micros.append(_prepare_micro(engine, ref, m, version, recompute, cfg, totals, correction))
+                j += 1
             prepared.append((mini, micros))
     return prepared
 

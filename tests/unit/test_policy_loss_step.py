@@ -22,9 +22,11 @@ def model_dir(tmp_path_factory):
     return out
 
 
-def _step(model_dir, overrides: list[str], token_version: int) -> dict:
+def _setup(model_dir, overrides: list[str], token_version: int | list[int]):
+    """A config, a DeepSpeed engine and this rank's shard of 16 random responses (2 mini-batches of 2
+    micro-batches); `token_version` gives every response's tokens one version, or each its own."""
     from dapo_ray.trainer.batch import build_shards
-    from dapo_ray.trainer.loop import build_engines, train_step
+    from dapo_ray.trainer.loop import build_engines
 
     cfg = load_config(overrides=["data.source=synthetic", f"rollout.model_path={model_dir}", "trainer.num_workers=1",
                                  "trainer.train_batch_size=2", "rollout.n=8", "trainer.mini_batch_size=8",
@@ -37,10 +39,17 @@ def _step(model_dir, overrides: list[str], token_version: int) -> dict:
         n = rng.randrange(2, 15)
         batch.append({"input_ids": [rng.randrange(1, 97) for _ in range(3 + n)], "n_prompt": 3, "weight": 1.0,
                       "advantage": rng.uniform(-1, 1), "rollout_logprobs": [-4.57 + rng.uniform(-0.7, 0.7) for _ in range(n)],
-                      "token_versions": [token_version] * n})  # fmt: skip
+                      "token_versions": [token_version if isinstance(token_version, int) else token_version[len(batch)]] * n})  # fmt: skip
     torch.manual_seed(0)
     engine, ref = build_engines(cfg, world=1)
-    return train_step(engine, ref, build_shards(batch, 1, 8, 4, seed=0)[0], 3, cfg, world=1)
+    return cfg, engine, ref, build_shards(batch, 1, 8, 4, seed=0)[0]
+
+
+def _step(model_dir, overrides: list[str], token_version: int) -> dict:
+    from dapo_ray.trainer.loop import train_step
+
+    cfg, engine, ref, shard = _setup(model_dir, overrides, token_version)
+    return train_step(engine, ref, shard, 3, cfg, world=1)
 
 
 @pytest.mark.parametrize("overrides", [
@@ -72,3 +81,36 @@ def test_tokens_of_older_versions_are_not_corrected(gloo_group, model_dir):
 def test_no_correction_logs_nothing_of_it(gloo_group, model_dir):
     m = _step(model_dir, [], token_version=3)
     assert not [k for k in m if k.startswith("rollout_corr/")]
+
+
+def test_old_logprobs_are_recomputed_only_for_micro_batches_holding_current_tokens(gloo_group, model_dir):
+    """Only the micro-batches that hold a response of the current version (3) run the forward pass; they get
+    the same behaviour log-probs as when every micro-batch runs it, the others the engine's."""
+    from dapo_ray.trainer.loop import _CorrectionTotals, _prepare, _Totals
+
+    versions = [2] * 16
+    versions[5] = 3  # one fresh response
+    cfg, engine, ref, shard = _setup(model_dir, [], versions)
+    calls = []
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(engine, name)
+
+        def __call__(self, ids_BL, *args, **kwargs):
+            calls.append(ids_BL.shape)
+            return engine(ids_BL, *args, **kwargs)
+
+    prepared = _prepare(Counting(), ref, shard, 3, cfg, _Totals(), _CorrectionTotals())
+    micros = [p for _, ps in prepared for p in ps]
+    fresh = [bool(((p.m.version_BT >= 3) & (p.m.mask_BT > 0)).any()) for p in micros]
+    assert len(micros) == 4 and sum(fresh) == 1 and len(calls) == 1
+    every = _prepare(Counting(), ref, shard, 2, cfg, _Totals(), _CorrectionTotals())  # all tokens current
+    assert len(calls) == 1 + 4
+    for p, q, f in zip(micros, [p for _, ps in every for p in ps], fresh, strict=True):
+        older_BT = p.m.version_BT < 3
+        assert torch.equal(p.old_BT[older_BT], p.m.rollout_BT[older_BT])
+        if f:
+            assert torch.equal(p.old_BT[~older_BT], q.old_BT[~older_BT])
+        else:
+            assert torch.equal(p.old_BT, p.m.rollout_BT)
