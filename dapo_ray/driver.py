@@ -316,10 +316,11 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
     if run.step == 0 and eval_rows:
         run.evaluated(run.evaluate(), "before")
     run.start_training()
+    clock = StepClock()
     try:
         while run.step < t.total_steps and not run.generation_budget_spent():
             # 1. Take a batch of kept groups (dynamic sampling); the next one may start generating now.
-            t0 = time.time()
+            clock.start()
             b = run.producer.take(run.step, prefetch=run.step + 1 < t.total_steps)
             fill = run.count(b.fill)
             if fill.outcome == "stopped":  # checkpoint first: the kept groups and the data cursor survive
@@ -329,6 +330,7 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
                 run.summary["stopped"] = {"step": run.step, "kept_groups": fill.carried_out}
                 break
             if fill.outcome == "empty":  # nothing to train on: its prompts were all filtered out
+                clock.nothing_trained()
                 if run.nothing_to_train(b) == 3:
                     break
                 continue
@@ -356,11 +358,11 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
             run.sync_check = (run.step, stack.handle.sequence_logprobs.remote(probe_ids), res.pop("probe_logprobs"))
 
             # 4. Log the step.
-            timing = {"timing/generate_s": b.generate_s, "timing/wait_batch_s": b.waited_s, "timing/shard_s": t2 - t1,
+            timing = {"timing/generate_s": b.generate_s, "timing/wait_batch_s": b.waited_s + clock.idle_s, "timing/shard_s": t2 - t1,
                       "timing/train_s": t3 - t2, "timing/sync_s": t4 - t3}  # fmt: skip
             sync = {"weight_sync/wait_s": t4 - t3, "weight_sync/load_s": stack.load_s(),
                     "weight_sync/replicas": len(versions)}  # fmt: skip
-            metrics = run.stepped(b, res, sync | timing, time.time() - t0, versions)
+            metrics = run.stepped(b, res, sync | timing, clock.stepped(), versions)
             if run.too_many_skipped_updates(metrics):
                 break
 
@@ -382,6 +384,26 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
     if stop.signal:  # no final model and no final evaluation: the run is not over
         return run.stopped_by(stop.signal, t_start)
     return run.finish(t_start)
+
+
+class StepClock:
+    """A step's wall time, from when its batch was asked for. A batch that held nothing to train on
+    (dynamic sampling filtered out every group up to its cap) makes no step: its time goes to the next
+    step's, in its wait for the batch (`idle_s`), so that the steps' times add up to the run's (the
+    minutes of training that `training_s` reads)."""
+
+    def __init__(self, now=time.time) -> None:
+        self.now, self.t0, self.idle_s = now, 0.0, 0.0
+
+    def start(self) -> None:
+        self.t0 = self.now()
+
+    def nothing_trained(self) -> None:
+        self.idle_s += self.now() - self.t0
+
+    def stepped(self) -> float:
+        step_s, self.idle_s = self.now() - self.t0 + self.idle_s, 0.0
+        return step_s
 
 
 class _Run:

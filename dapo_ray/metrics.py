@@ -75,7 +75,7 @@ METRICS: dict[str, str] = {
     "weight_sync/replicas": "replicas serving the new version",
     # timing
     "timing/generate_s": "seconds filling this step's batch (rollout, scoring, filter); may overlap training",
-    "timing/wait_batch_s": "seconds the step waited for its batch (0 when generated during the previous step)",
+    "timing/wait_batch_s": "seconds the step waited for its batch (0 when generated during the previous step), with any batches before it that held nothing to train on",
     "timing/old_logprob_s": "seconds recomputing old log-probs",
     "timing/update_s": "seconds of gradient updates",
     "timing/weight_sync_s": "seconds of the trainer's weight publish",

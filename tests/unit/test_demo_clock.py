@@ -4,7 +4,7 @@ import re
 from pathlib import Path
 
 from dapo_ray.config import DEFAULT_CONFIG, load_config
-from dapo_ray.driver import training_s
+from dapo_ray.driver import StepClock, training_s
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,3 +25,15 @@ def test_minutes_of_training_are_the_steps_own_time_up_to_a_step():
     assert [training_s(summary, s) for s in (0, 1, 2, 3, 9)] == [0.0, 55.0, 85.0, 125.0, 125.0]
     # A resumed run's log starts at the step it resumed from: only this process's steps count.
     assert training_s({"steps_log": summary["steps_log"][1:]}, 3) == 70.0
+
+
+def test_a_batch_with_nothing_to_train_on_counts_in_the_next_steps_time():
+    ticks = iter([0.0, 20.0, 20.0, 50.0, 50.0, 60.0])  # 20 s for nothing, then a 30 s step; then a 10 s step
+    clock = StepClock(now=lambda: next(ticks))
+    clock.start()
+    clock.nothing_trained()
+    clock.start()
+    assert clock.idle_s == 20.0  # the step's wait for its batch includes it
+    assert clock.stepped() == 50.0
+    clock.start()
+    assert clock.idle_s == 0.0 and clock.stepped() == 10.0
