@@ -3,7 +3,8 @@ checkpoints through `ray.train.report`.
 
 Each step (`train_step`): pull this rank's shard from the channel -> old log-probs (the behaviour
 policy's: recomputed with the current weights for fresh samples, the engine's for samples an older
-version generated; the pass is skipped when all were), with a KL term the reference model's, and with
+version generated; the pass runs only on micro-batches holding fresh samples, and not at all when the
+step makes one update, whose own forward pass gives them), with a KL term the reference model's, and with
 `algorithm.rollout_is` the rollout-correction weights -> `ppo_epochs` passes over the mini-batches, each
 accumulating micro-batch gradients of the policy loss (`algorithm.policy_loss`) into one optimizer step
 -> rank 0 publishes the new weights as version step+1 -> report.
@@ -198,7 +199,7 @@ class _Prepared(NamedTuple):
     """A micro-batch ready for the update: its tensors and what the pass before the update made of it."""
 
     m: Micro
-    old_BT: torch.Tensor  # behaviour log-probs
+    old_BT: torch.Tensor | None  # behaviour log-probs (None: from the update's forward, `one_update`)
     ref_BT: torch.Tensor | None  # the reference model's, with a KL term
     is_w_BT: torch.Tensor | None  # rollout-correction weights, with `algorithm.rollout_is`
 
@@ -225,7 +226,7 @@ def train_step(engine, ref, shard: list[dict], version: int, cfg: Config, world:
     totals, correction = _Totals(), _CorrectionTotals()
     prepared = _prepare(engine, ref, shard, version, cfg, totals, correction)
     t_old = time.time() - t0
-    updates = _update(engine, prepared, cfg, world, totals)
+    updates = _update(engine, prepared, version, cfg, world, totals, correction)
     t_update = time.time() - t0 - t_old
     # Collectives, the same on every rank: the totals, then (when on) the correction's.
     totals = totals.reduced(engine.device)
@@ -241,7 +242,14 @@ def _prepare(engine, ref, shard: list[dict], version: int, cfg: Config, totals: 
     forward pass runs only for the micro-batches where some rank holds one, or all of them with a KL term.
     While generation overlaps training most batches hold none (no forward at all); a batch that needed a
     further generation round after the sync holds a few such groups. Every rank decides alike, micro-batch
-    by micro-batch (each rank holds as many: `build_shards`): under ZeRO-3 a forward is a collective."""
+    by micro-batch (each rank holds as many: `build_shards`): under ZeRO-3 a forward is a collective.
+
+    When the step makes one optimizer update (one mini-batch, one PPO epoch) and has no KL term, no pass runs
+    here: the update starts from the current weights, so its own forward pass gives their log-probs, taken
+    detached as the old ones (as verl's actor does on-policy); `_micro_step` completes those micro-batches."""
+    if one_update(ref, shard, cfg):
+        return [(mini, [_Prepared(pad_micro(samples, PAD_ID), None, None, None) for samples in mini["micro"]])
+                for mini in shard]  # fmt: skip
     fresh_here = [float(any(s["weight"] > 0 and max(s["token_versions"], default=-1) >= version for s in micro))
                   for mini in shard for micro in mini["micro"]]  # fmt: skip
     # Every rank joins this all-reduce, with a reference model too.
@@ -260,21 +268,36 @@ def _prepare(engine, ref, shard: list[dict], version: int, cfg: Config, totals: 
     return prepared
 
 
+def one_update(ref, shard: list[dict], cfg: Config) -> bool:
+    """Whether this step's old log-probs come from its only update's forward pass (`_prepare`)."""
+    return ref is None and cfg.trainer.ppo_epochs == 1 and len(shard) == 1
+
+
 def _prepare_micro(engine, ref, m: Micro, version: int, recompute: bool, cfg: Config, totals: _Totals,
                    correction: _CorrectionTotals) -> _Prepared:  # fmt: skip
     """One micro-batch's behaviour (and reference) log-probs and rollout-correction weights."""
-    a, temperature = cfg.algorithm, cfg.rollout.temperature
-    off_policy_BT = m.version_BT < version
-    fresh_BT = (m.mask_BT > 0).double() * (~off_policy_BT).double()
-    totals.fresh_tokens += float(fresh_BT.sum())
-    old_BT, ref_BT = m.rollout_BT, None
+    temperature, logp_BT, ref_BT = cfg.rollout.temperature, None, None
     if recompute:
         ids_BL, att_BL = m.ids_BL.to(engine.device), m.att_BL.to(engine.device)
         logp_BT = engine(ids_BL, att_BL, temperature, first_target=m.first_target)[0].float().cpu()
-        old_BT = behaviour_logprobs(logp_BT, m.rollout_BT, off_policy_BT)
-        totals.logprob_diff += float(((logp_BT - m.rollout_BT).abs() * fresh_BT).sum())
         if ref is not None:
             ref_BT = ref(ids_BL, att_BL, temperature, first_target=m.first_target)[0].float().cpu()
+    old_BT, is_w_BT = _behaviour(m, logp_BT, version, cfg, totals, correction)
+    return _Prepared(m, old_BT, ref_BT, is_w_BT)
+
+
+def _behaviour(m: Micro, logp_BT: torch.Tensor | None, version: int, cfg: Config, totals: _Totals,
+               correction: _CorrectionTotals) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """A micro-batch's behaviour log-probs and rollout-correction weights, given the current weights'
+    log-probs (`logp_BT`, on the CPU; None when none of its tokens is of the current version)."""
+    a = cfg.algorithm
+    off_policy_BT = m.version_BT < version
+    fresh_BT = (m.mask_BT > 0).double() * (~off_policy_BT).double()
+    totals.fresh_tokens += float(fresh_BT.sum())
+    old_BT = m.rollout_BT
+    if logp_BT is not None:
+        old_BT = behaviour_logprobs(logp_BT, m.rollout_BT, off_policy_BT)
+        totals.logprob_diff += float(((logp_BT - m.rollout_BT).abs() * fresh_BT).sum())
     # pi_old / pi_rollout: exactly 1 where `old` is the engine's log-prob already (older versions).
     # Every response lies whole in one micro-batch (batch.build_shards), as the sequence level needs.
     is_w_BT = None
@@ -284,11 +307,11 @@ def _prepare_micro(engine, ref, m: Micro, version: int, recompute: bool, cfg: Co
             level=a.rollout_is, threshold=a.rollout_is_threshold, mode=a.rollout_is_mode,
         )  # fmt: skip
         correction.add(stats)
-    return _Prepared(m, old_BT, ref_BT, is_w_BT)
+    return old_BT, is_w_BT
 
 
-def _update(engine, prepared: list[tuple[dict, list[_Prepared]]], cfg: Config, world: int,
-            totals: _Totals) -> _Updates:  # fmt: skip
+def _update(engine, prepared: list[tuple[dict, list[_Prepared]]], version: int, cfg: Config, world: int,
+            totals: _Totals, correction: _CorrectionTotals) -> _Updates:  # fmt: skip
     """ppo_epochs passes; each mini-batch is one optimizer step. The first pass also measures the
     policy's entropy, each mini-batch at the weights it is updated from (as verl does)."""
     t = cfg.trainer
@@ -302,7 +325,7 @@ def _update(engine, prepared: list[tuple[dict, list[_Prepared]]], cfg: Config, w
                 # ranks, one optimizer step), marked here: with micro_batch_tokens the count varies from
                 # one mini-batch to the next (it is the same on every rank: build_shards).
                 engine.set_gradient_accumulation_boundary(i == len(micros) - 1)
-                _micro_step(engine, p, mini, epoch == 0, cfg, world, totals)
+                _micro_step(engine, p, mini, epoch == 0, version, cfg, world, totals, correction)
             norm = _optimizer_step(engine, t.zero_stage)
             if norm is None:  # this update held a NaN/inf: not applied
                 trailing_skipped += 1
@@ -313,13 +336,17 @@ def _update(engine, prepared: list[tuple[dict, list[_Prepared]]], cfg: Config, w
     return _Updates(grad_norms, steps, skipped, trailing_skipped, tokens=totals.tokens * t.ppo_epochs)
 
 
-def _micro_step(engine, p: _Prepared, mini: dict, with_entropy: bool, cfg: Config, world: int,
-                totals: _Totals) -> None:  # fmt: skip
-    """Forward, policy loss and backward of one micro-batch; its statistics go into `totals`."""
+def _micro_step(engine, p: _Prepared, mini: dict, with_entropy: bool, version: int, cfg: Config, world: int,
+                totals: _Totals, correction: _CorrectionTotals) -> None:  # fmt: skip
+    """Forward, policy loss and backward of one micro-batch; its statistics go into `totals` (and, when its
+    old log-probs come from this forward, `correction`)."""
     a, device, m = cfg.algorithm, engine.device, p.m
     ids_BL, att_BL = m.ids_BL.to(device), m.att_BL.to(device)
     logp_BT, ent_BT = engine(ids_BL, att_BL, cfg.rollout.temperature, with_entropy=with_entropy,
                              first_target=m.first_target)  # fmt: skip
+    if p.old_BT is None:  # the step's only update: these are the current weights' log-probs (`one_update`)
+        old_BT, is_w_BT = _behaviour(m, logp_BT.detach().float().cpu(), version, cfg, totals, correction)
+        p = p._replace(old_BT=old_BT, is_w_BT=is_w_BT)
     if ent_BT is not None:
         real_BT = (m.mask_BT > 0).double()
         totals.tokens += float(real_BT.sum())

@@ -22,7 +22,7 @@ def model_dir(tmp_path_factory):
     return out
 
 
-def _setup(model_dir, overrides: list[str], token_version: int | list[int]):
+def _setup(model_dir, overrides: list[str], token_version: int | list[int], mini: int = 8):
     """A config, a DeepSpeed engine and this rank's shard of 16 random responses (2 mini-batches of 2
     micro-batches); `token_version` gives every response's tokens one version, or each its own."""
     from dapo_ray.trainer.batch import build_shards
@@ -42,7 +42,7 @@ def _setup(model_dir, overrides: list[str], token_version: int | list[int]):
                       "token_versions": [token_version if isinstance(token_version, int) else token_version[len(batch)]] * n})  # fmt: skip
     torch.manual_seed(0)
     engine, ref = build_engines(cfg, world=1)
-    return cfg, engine, ref, build_shards(batch, 1, 8, 4, seed=0)[0]
+    return cfg, engine, ref, build_shards(batch, 1, mini, 4, seed=0)[0]
 
 
 def _step(model_dir, overrides: list[str], token_version: int) -> dict:
@@ -91,6 +91,24 @@ def test_old_logprobs_are_recomputed_only_for_micro_batches_holding_current_toke
     versions = [2] * 16
     versions[5] = 3  # one fresh response
     cfg, engine, ref, shard = _setup(model_dir, [], versions)
+    counting, calls = _counting(engine)
+    prepared = _prepare(counting, ref, shard, 3, cfg, _Totals(), _CorrectionTotals())
+    micros = [p for _, ps in prepared for p in ps]
+    fresh = [bool(((p.m.version_BT >= 3) & (p.m.mask_BT > 0)).any()) for p in micros]
+    assert len(micros) == 4 and sum(fresh) == 1 and len(calls) == 1
+    every = _prepare(counting, ref, shard, 2, cfg, _Totals(), _CorrectionTotals())  # all tokens current
+    assert len(calls) == 1 + 4
+    for p, q, f in zip(micros, [p for _, ps in every for p in ps], fresh, strict=True):
+        older_BT = p.m.version_BT < 3
+        assert torch.equal(p.old_BT[older_BT], p.m.rollout_BT[older_BT])
+        if f:
+            assert torch.equal(p.old_BT[~older_BT], q.old_BT[~older_BT])
+        else:
+            assert torch.equal(p.old_BT, p.m.rollout_BT)
+
+
+def _counting(engine):
+    """`engine`, counting its forward passes (the shapes they ran on, in a list)."""
     calls = []
 
     class Counting:
@@ -101,16 +119,32 @@ def test_old_logprobs_are_recomputed_only_for_micro_batches_holding_current_toke
             calls.append(ids_BL.shape)
             return engine(ids_BL, *args, **kwargs)
 
-    prepared = _prepare(Counting(), ref, shard, 3, cfg, _Totals(), _CorrectionTotals())
-    micros = [p for _, ps in prepared for p in ps]
-    fresh = [bool(((p.m.version_BT >= 3) & (p.m.mask_BT > 0)).any()) for p in micros]
-    assert len(micros) == 4 and sum(fresh) == 1 and len(calls) == 1
-    every = _prepare(Counting(), ref, shard, 2, cfg, _Totals(), _CorrectionTotals())  # all tokens current
-    assert len(calls) == 1 + 4
-    for p, q, f in zip(micros, [p for _, ps in every for p in ps], fresh, strict=True):
-        older_BT = p.m.version_BT < 3
-        assert torch.equal(p.old_BT[older_BT], p.m.rollout_BT[older_BT])
-        if f:
-            assert torch.equal(p.old_BT[~older_BT], q.old_BT[~older_BT])
-        else:
-            assert torch.equal(p.old_BT, p.m.rollout_BT)
+    return Counting(), calls
+
+
+@pytest.mark.parametrize("rollout_is", ["none", "token"])
+def test_a_step_of_one_update_takes_old_logprobs_from_the_updates_own_forward(gloo_group, model_dir, monkeypatch,
+                                                                              rollout_is):  # fmt: skip
+    """One mini-batch and one epoch: no pass before the update, and the same step (statistics, gradient,
+    weights after) as with that pass."""
+    from dapo_ray.trainer import loop
+
+    versions = [3, 2] * 8  # half of the responses of the current version
+    overrides = ["trainer.mini_batch_size=16", f"algorithm.rollout_is={rollout_is}"]
+
+    def step(shortcut: bool):
+        monkeypatch.setattr(loop, "one_update", lambda *_: shortcut)
+        cfg, engine, ref, shard = _setup(model_dir, overrides, versions, mini=16)
+        counting, calls = _counting(engine)
+        m = loop.train_step(counting, ref, shard, 3, cfg, world=1)
+        return m, len(calls), [p.detach().clone() for p in engine.module.parameters()]
+
+    fast, n_fast, after_fast = step(True)
+    full, n_full, after_full = step(False)
+    assert (n_fast, n_full) == (4, 8)  # 4 micro-batches: the update's passes, and the pass before it
+    assert fast["actor/updates"] == 1 and 0.0 < fast["actor/rollout_logprob_diff"]
+    for key in full:
+        if not key.startswith("timing/"):
+            assert fast[key] == pytest.approx(full[key], rel=1e-5, abs=1e-7), key
+    for a, b in zip(after_fast, after_full, strict=True):
+        torch.testing.assert_close(a, b)
