@@ -5,6 +5,7 @@ regex, and `math_verify` mode agrees with Math-Verify on free-form answers ("The
 The hand-picked hostile inputs and the timing checks live in tests/unit/test_verifier_hostile.py."""
 
 import re
+from unittest import mock
 
 import pytest
 from hypothesis import example, given, settings
@@ -111,6 +112,15 @@ numbers_as_written = st.one_of(
 )
 
 
+def _verdicts_not_times():
+    """Verdicts on ordinary answers, whatever the machine's load: sympy's budget raised from 0.5 s, so that a
+    busy CI machine cannot turn a verdict into a timeout (-1). The budget has tests of its own
+    (tests/unit/test_verifier_hostile.py)."""
+    from dapo_ray.algo import reward
+
+    return mock.patch.object(reward, "VERIFY_BUDGET_S", 10.0)
+
+
 def _math_verify_reference(response: str, ground_truth: str) -> bool:
     from math_verify import parse, verify
 
@@ -125,7 +135,8 @@ def _math_verify_reference(response: str, ground_truth: str) -> bool:
 def test_free_form_answers_agree_with_math_verify(template, written, other, same):
     ground_truth = written if same else other
     response = "Let us think step by step.\n" + template.format(written)
-    ours = compute_score(response, ground_truth, "math_verify")
+    with _verdicts_not_times():
+        ours = compute_score(response, ground_truth, "math_verify")
     assert_well_formed(ours)
     assert ours["acc"] is _math_verify_reference(response, ground_truth)
 
@@ -143,7 +154,8 @@ def test_free_form_answers_agree_with_math_verify(template, written, other, same
     ],
 )
 def test_free_form_answers_are_now_accepted(response, ground_truth):
-    assert compute_score(response, ground_truth, "math_verify")["acc"] is True
+    with _verdicts_not_times():
+        assert compute_score(response, ground_truth, "math_verify")["acc"] is True
     # DAPO's format rule is unchanged: without an `Answer:` line the `dapo` modes say wrong.
     assert compute_score(response, ground_truth, "dapo")["acc"] is False
     assert compute_score(response, ground_truth, "dapo_strict")["acc"] is False

@@ -321,7 +321,8 @@ def test_an_engine_left_idle_by_a_cancel_a_refused_call_or_a_load_serves_the_nex
     engine.submit(probes[:1], **greedy).result(CALL_TIMEOUT_S)
 
     new = perturbed(base_state, seed=60)
-    load_version(engine, name, 60, publish(actor, Trainer.remote(), 60, new))
+    trainer = Trainer.remote()  # owns the published object: kept alive while the workers fetch it
+    load_version(engine, name, 60, publish(actor, trainer, 60, new))
     assert gap(engine_logprobs(engine, probes), trainer_logprobs(tiny_model_dir, new, probes)) < 1e-4
 
 
