@@ -28,14 +28,16 @@ HF `generate` (TRL's vLLM path needs CUDA), model and tokenizer passed as object
 accumulation over micro-batches). TRL has no dynamic sampling: it trains on every group, including
 those whose rewards are all equal (zero advantage, only the clip and length terms move).
 
-(a) Held-out avg@8 on the config's 64 held-out problems, temperature 1, every `--eval-every` steps:
-dapo-ray with its own evaluation (vLLM), TRL with HF `generate` (`tiny_model.sampled_accuracy`). Time spent
-evaluating is taken off both clocks. Printed: completions/s, seconds per step, the accuracy curve against
+(a) Held-out avg@8 on the config's 64 held-out problems, temperature 1, every `--eval-every` steps, by one
+evaluator on both sides: dapo-ray's own (a vLLM replica on Ray Serve, the config's `eval` sampling and
+verifier). dapo-ray's run evaluates as it trains; TRL saves its weights at those steps and they go through
+`dapo-ray eval`'s path once training ends. Time spent evaluating or saving is taken off both clocks. Printed: completions/s, seconds per step, the accuracy curve against
 training time, and the time each side needs to reach the best accuracy both sides reach.
 
 (c) As (a), on SmolLM2-135M-Instruct and `smollm2_cpu.yaml` (20 steps, evaluated every 10): a real BPE
 tokenizer and ChatML template on both sides, both in bf16 (TRL by autocast), both scoring with the config's
-`math_verify`, both with the config's `trainer.attn_implementation` (eager there).
+`math_verify`, both with the config's `trainer.attn_implementation` (eager there) and
+`trainer.gradient_checkpointing` (off there; TRL's own default is on).
 
 (b) Throughput only: the 23M-parameter random model of `bench/rollout.py` (EOS suppressed, so every
 response is `max_response_length` = 128 tokens) on the reasoning flavour's prompts, 8 prompts x n 8 per
@@ -155,15 +157,15 @@ def side_trl(a: argparse.Namespace, cfg, path: Path) -> dict:
 
     from dapo_ray.algo.reward import compute_score
     from dapo_ray.data import synthetic_rows
-    from dapo_ray.tiny_model import sampled_accuracy
 
-    t, al, r, ev = cfg.trainer, cfg.algorithm, cfg.rollout, cfg.eval
-    train, held_out = synthetic_rows(dataclasses.asdict(cfg.data.synthetic), cfg.data.template)
+    t, al, r = cfg.trainer, cfg.algorithm, cfg.rollout
+    train, _ = synthetic_rows(dataclasses.asdict(cfg.data.synthetic), cfg.data.template)
     per_step = t.train_batch_size * r.n  # completions generated per step
     updates = per_step // t.mini_batch_size  # optimizer steps per step
     steps = t.total_steps  # the same number of steps as the dapo-ray side
     tokenizer = AutoTokenizer.from_pretrained(path)
-    eval_tokenizer = AutoTokenizer.from_pretrained(path)  # sampled_accuracy sets its padding side
+    snapshots = Path(t.output_dir).parent / "trl-snapshots"  # the weights at each evaluation step
+    shutil.rmtree(snapshots, ignore_errors=True)
     # The trainer's attention kernel too (`trainer.attn_implementation`): a setting of the model, not of
     # either system, so neither side wins by it.
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation=t.attn_implementation)
@@ -185,6 +187,7 @@ def side_trl(a: argparse.Namespace, cfg, path: Path) -> dict:
         max_steps=steps * updates, max_completion_length=r.max_response_length,
         temperature=r.temperature, top_p=r.top_p, top_k=0,
         learning_rate=t.lr, lr_scheduler_type="constant_with_warmup", warmup_steps=t.warmup_steps * updates,
+        gradient_checkpointing=t.gradient_checkpointing,  # TRL's default is on; the config's, as dapo-ray's
         weight_decay=t.weight_decay, adam_beta1=t.betas[0], adam_beta2=t.betas[1], max_grad_norm=t.grad_clip,
         loss_type="dapo", beta=0.0, epsilon=al.eps_low, epsilon_high=al.eps_high,
         mask_truncated_completions=al.overlong_filter, scale_rewards="group",
@@ -203,13 +206,14 @@ def side_trl(a: argparse.Namespace, cfg, path: Path) -> dict:
             return time.time() - self.t0 - self.eval_s
 
         def evaluate(self, step: int, model) -> None:
+            """Save the weights of `step`, to be evaluated after training (`evaluate_snapshots`)."""
             t0 = time.time()
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=t.dtype == "bfloat16"):
-                acc = sampled_accuracy(model, eval_tokenizer, held_out, samples=a.k, max_new_tokens=r.max_response_length,
-                                       seed=step, temperature=ev.temperature, top_p=ev.top_p, mode=cfg.reward.mode)  # fmt: skip
+            snap = snapshots / f"step-{step}"
+            model.save_pretrained(snap)
+            tokenizer.save_pretrained(snap)
             self.eval_s += time.time() - t0
-            self.evals.append({"step": step, "time_s": self.now(), "avg_at_8": acc})
-            print(f"[trl] step {step}: held-out avg@{a.k} {acc:.1%} at {self.now():.0f}s", flush=True)
+            self.evals.append({"step": step, "time_s": self.now(), "dir": str(snap)})
+            print(f"[trl] step {step}: weights saved for the held-out evaluation at {self.now():.0f}s", flush=True)
 
         def on_train_begin(self, args, state, control, model=None, **_):
             self.t0 = time.time()
@@ -230,9 +234,36 @@ def side_trl(a: argparse.Namespace, cfg, path: Path) -> dict:
     trainer = GRPOTrainer(model=model, processing_class=tokenizer, reward_funcs=rewards, args=args,
                           train_dataset=data, callbacks=[clock])  # fmt: skip
     trainer.train()
+    del trainer, model
     gaps = [b - a_ for a_, b in zip(clock.step_ends, clock.step_ends[1:], strict=False)]
     return {"steps": steps, "time_s": clock.step_ends[-1], "generated": steps * per_step, "trained": steps * per_step,
-            "step_s": statistics.median(gaps) if gaps else None, "evals": clock.evals}  # fmt: skip
+            "step_s": statistics.median(gaps) if gaps else None, "evals": evaluate_snapshots(cfg, clock.evals)}  # fmt: skip
+
+
+def evaluate_snapshots(cfg, evals: list[dict]) -> list[dict]:
+    """Held-out avg@k of the weights TRL saved at each evaluation step, by the evaluator dapo-ray's run uses
+    (`dapo-ray eval`'s path: a vLLM replica on Ray Serve, the config's `eval` sampling and verifier), so both
+    sides are measured alike; each snapshot is removed once evaluated."""
+    import ray
+
+    from dapo_ray.evaluate import evaluate_model, with_target
+    from dapo_ray.ray_cluster import init_ray
+
+    if not evals:
+        return []
+    init_ray(cfg)
+    try:
+        out = []
+        for e in evals:
+            snap = Path(e.pop("dir"))
+            report = evaluate_model(with_target(cfg, model=str(snap)), out=snap.parent / f"{snap.name}.json")
+            shutil.rmtree(snap)
+            out.append(e | {"avg_at_8": report["avg_at_k"]})
+            print(f"[trl] step {e['step']}: held-out avg@{cfg.eval.n} {report['avg_at_k']:.1%} at {e['time_s']:.0f}s",
+                  flush=True)  # fmt: skip
+        return out
+    finally:
+        ray.shutdown()
 
 
 # ---------------------------------------------------------------- the comparison (parent process)
