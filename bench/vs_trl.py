@@ -65,7 +65,7 @@ DEMO = ROOT / "workflows/configs/tiny_cpu.yaml"
 SMOLLM2 = ROOT / "workflows/configs/smollm2_cpu.yaml"
 # Per setting with an accuracy curve: the config, default steps and evaluation interval, and the accuracies
 # whose first crossing the report times.
-CURVES = {"demo": (DEMO, 300, 50, (0.3, 0.4)), "smollm2": (SMOLLM2, 20, 10, (0.5, 0.75))}
+CURVES = {"demo": (DEMO, 300, 50, (0.3, 0.4)), "smollm2": (SMOLLM2, 20, 10, (0.5, 0.75, 0.9, 0.95, 0.99))}
 REASONING = ROOT / "workflows/configs/tiny_cpu_reasoning.yaml"
 SIDES = ("trl", "dapo-ray")  # run in this order: TRL first
 
@@ -119,7 +119,8 @@ def side_dapo(a: argparse.Namespace, cfg) -> dict:
     return {
         "steps": summary["steps"], "time_s": training_s(summary, summary["steps"]),
         "generated": summary["totals"]["generated_groups"] * cfg.rollout.n,
-        "trained": summary["totals"]["kept_groups"] * cfg.rollout.n,
+        # The groups each step trained on: kept groups beyond the batch (carry-over off) are not.
+        "trained": sum(e["metrics"]["dynamic_sampling/batch_groups"] for e in summary["steps_log"]) * cfg.rollout.n,
         "step_s": statistics.median(step_s) if step_s else None,
         "evals": [{"step": e["step"], "time_s": training_s(summary, e["step"]), "avg_at_8": e["eval/avg_at_k"]}
                   for e in summary["evals"]],
