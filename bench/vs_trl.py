@@ -31,8 +31,9 @@ those whose rewards are all equal (zero advantage, only the clip and length term
 (a) Held-out avg@8 on the config's 64 held-out problems, temperature 1, every `--eval-every` steps, by one
 evaluator on both sides: dapo-ray's own (a vLLM replica on Ray Serve, the config's `eval` sampling and
 verifier). dapo-ray's run evaluates as it trains; TRL saves its weights at those steps and they go through
-`dapo-ray eval`'s path once training ends. Time spent evaluating or saving is taken off both clocks. Printed: completions/s, seconds per step, the accuracy curve against
-training time, and the time each side needs to reach the best accuracy both sides reach.
+`dapo-ray eval`'s path once training ends. Time spent evaluating or saving is taken off both clocks.
+Printed: completions/s, seconds per step, the accuracy curve against training time, and the time each side
+needs to reach the best accuracy both sides reach.
 
 (c) As (a), on SmolLM2-135M-Instruct and `smollm2_cpu.yaml` (20 steps, evaluated every 10): a real BPE
 tokenizer and ChatML template on both sides, both in bf16 (TRL by autocast), both scoring with the config's
