@@ -629,6 +629,20 @@ class _Run:
             self.summary[f"eval_{moment}"] = ev
             log(f"held-out {moment} training: avg@{n} {ev['eval/avg_at_k']:.1%}, pass@{n} {ev['eval/pass_at_k']:.1%}")
 
+    def evaluate_final(self) -> None:
+        """The held-out score after training. A run that stopped early (the generation budget, batches with
+        no mixed group) may end on a step the loop has just evaluated: those are the final weights, so that
+        evaluation is the final one, not sampled again."""
+        last = self.summary["evals"][-1] if self.summary["evals"] else None
+        if last is None or last["step"] != self.step:
+            self.evaluated(self.evaluate(), "after")
+            return
+        ev = {k: v for k, v in last.items() if k.startswith("eval/")}
+        self.summary["eval_after"] = ev
+        n = self.cfg.eval.n
+        log(f"held-out after training: avg@{n} {ev['eval/avg_at_k']:.1%}, pass@{n} {ev['eval/pass_at_k']:.1%} "
+            f"(step {self.step}'s evaluation: the weights have not changed since)")
+
     # --- the end ----------------------------------------------------------------------------------------------
 
     def stopped_by(self, signal: str, t_start: float) -> dict:
@@ -653,7 +667,7 @@ class _Run:
             + (f", {self.producer.ledger.resampled} prompts generated again on newer weights instead"
                if self.producer.ledger.resampled else ""))  # fmt: skip
         if self.eval_rows:
-            self.evaluated(self.evaluate(), "after")
+            self.evaluate_final()
         if cfg.tracking.log_model and not storage.is_uri(final):
             # Trainer rank 0 wrote it, maybe on another node: only a shared output_dir shows it here.
             if Path(final).is_dir():

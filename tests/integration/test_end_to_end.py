@@ -86,7 +86,7 @@ def test_max_policy_lag_0_trains_strictly_on_policy_and_stops_at_the_generation_
                                                                                         tmp_path):  # fmt: skip
     budget = 200  # responses: a round generates 8 prompts x 16, so the run stops after step 1 or 2
     cfg = load_config(TINY_CFG, COMMON + [f"rollout.model_path={tiny_model_dir}", "trainer.total_steps=50",
-                      f"trainer.max_generated={budget}", "algorithm.max_policy_lag=0",
+                      f"trainer.max_generated={budget}", "algorithm.max_policy_lag=0", "eval.every=1",
                       f"trainer.output_dir={tmp_path / 'on-policy'}"])  # fmt: skip
     summary = run(cfg)
     generated, total = [], 0
@@ -95,9 +95,13 @@ def test_max_policy_lag_0_trains_strictly_on_policy_and_stops_at_the_generation_
         generated.append(total)
     assert summary["steps"] in (1, 2) and generated[-1] >= budget
     assert all(g < budget for g in generated[:-1])  # it stopped at the first step past the budget
-    assert [(e["step"], e["generated"]) for e in summary["evals"]] == [(0, 0), (summary["steps"], generated[-1])]
-    # The clock of the evaluations: none before training, the final one's time inside train_s.
-    before, final = summary["evals"]
+    # Evaluated before training and after every step; the run stopped early, on a step just evaluated,
+    # so that evaluation is the final one (not sampled again).
+    steps = [e["step"] for e in summary["steps_log"]]
+    assert [(e["step"], e["generated"]) for e in summary["evals"]] == [(0, 0), *zip(steps, generated, strict=True)]
+    assert summary["eval_after"] == {k: v for k, v in summary["evals"][-1].items() if k.startswith("eval/")}
+    # The clock of the evaluations: none before training, the last one's time inside train_s.
+    before, final = summary["evals"][0], summary["evals"][-1]
     assert before["train_s"] == before["eval_s"] == 0.0
     assert 0.0 < final["eval_s"] == summary["eval_s"] < final["train_s"]
     for entry in summary["steps_log"]:
