@@ -28,7 +28,7 @@ and to `<out>/ablation-minutes.png` against minutes of training (the steps' own 
 start-up and the final save not counted).
 
     python bench/ablation.py --rungs dapo --config workflows/configs/smollm2_cpu.yaml \
-        --max-generated 100000 --set trainer.total_steps=20 --out runs/smollm2-seeds   # SmolLM2, 3 seeds
+        --max-generated 100000 --eval-every 5 --set trainer.total_steps=20 --out runs/smollm2-lag0   # SmolLM2, 3 seeds
 """
 
 from __future__ import annotations

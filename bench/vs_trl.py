@@ -35,7 +35,7 @@ verifier). dapo-ray's run evaluates as it trains; TRL saves its weights at those
 Printed: completions/s, seconds per step, the accuracy curve against training time, and the time each side
 needs to reach the best accuracy both sides reach.
 
-(c) As (a), on SmolLM2-135M-Instruct and `smollm2_cpu.yaml` (20 steps, evaluated every 10): a real BPE
+(c) As (a), on SmolLM2-135M-Instruct and `smollm2_cpu.yaml` (20 steps, evaluated every 5): a real BPE
 tokenizer and ChatML template on both sides, both in bf16 (TRL by autocast), both scoring with the config's
 `math_verify`, both with the config's `trainer.attn_implementation` (eager there) and
 `trainer.gradient_checkpointing` (off there; TRL's own default is on).
@@ -66,7 +66,7 @@ DEMO = ROOT / "workflows/configs/tiny_cpu.yaml"
 SMOLLM2 = ROOT / "workflows/configs/smollm2_cpu.yaml"
 # Per setting with an accuracy curve: the config, default steps and evaluation interval, and the accuracies
 # whose first crossing the report times.
-CURVES = {"demo": (DEMO, 300, 50, (0.3, 0.4)), "smollm2": (SMOLLM2, 20, 10, (0.5, 0.75, 0.9, 0.95, 0.99))}
+CURVES = {"demo": (DEMO, 300, 50, (0.3, 0.4)), "smollm2": (SMOLLM2, 20, 5, (0.5, 0.75, 0.9, 0.95, 0.99))}
 REASONING = ROOT / "workflows/configs/tiny_cpu_reasoning.yaml"
 SIDES = ("trl", "dapo-ray")  # run in this order: TRL first
 
@@ -331,7 +331,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--setting", choices=[*CURVES, "large"], default="demo")
     ap.add_argument("--steps", type=int, help="(a), (c) steps per side (default: 300, 20)")
-    ap.add_argument("--eval-every", type=int, help="(a), (c) steps between held-out evaluations (default: 50, 10)")
+    ap.add_argument("--eval-every", type=int, help="(a), (c) steps between held-out evaluations (default: 50, 5)")
     ap.add_argument("--dapo-from", type=Path, help="the dapo-ray side from this bench/ablation.py run")
     ap.add_argument("--large-steps", type=int, default=4, help="(b) timed steps per side (one more is run)")
     ap.add_argument("--k", type=int, default=8, help=argparse.SUPPRESS)
