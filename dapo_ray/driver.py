@@ -627,7 +627,11 @@ class _Run:
             log(f"held-out at step {self.step}: avg@{n} {ev['eval/avg_at_k']:.1%}")
         else:
             self.summary[f"eval_{moment}"] = ev
-            log(f"held-out {moment} training: avg@{n} {ev['eval/avg_at_k']:.1%}, pass@{n} {ev['eval/pass_at_k']:.1%}")
+            log(f"held-out {moment} training: {self.scores(ev)}")
+
+    def scores(self, ev: dict) -> str:
+        n = self.cfg.eval.n
+        return f"avg@{n} {ev['eval/avg_at_k']:.1%}, pass@{n} {ev['eval/pass_at_k']:.1%}"
 
     def evaluate_final(self) -> None:
         """The held-out score after training. A run that stopped early (the generation budget, batches with
@@ -639,9 +643,8 @@ class _Run:
             return
         ev = {k: v for k, v in last.items() if k.startswith("eval/")}
         self.summary["eval_after"] = ev
-        n = self.cfg.eval.n
-        log(f"held-out after training: avg@{n} {ev['eval/avg_at_k']:.1%}, pass@{n} {ev['eval/pass_at_k']:.1%} "
-            f"(step {self.step}'s evaluation: the weights have not changed since)")
+        log(f"held-out after training: {self.scores(ev)} (step {self.step}'s evaluation: the weights have not "
+            "changed since)")
 
     # --- the end ----------------------------------------------------------------------------------------------
 
