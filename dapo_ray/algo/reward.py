@@ -12,24 +12,37 @@ Modes
     ground truth. Use it to re-run the paper's numbers exactly, bug included: ``Answer: 2,5`` is
     correct for ground truth 25 (verl's ``math_dapo`` shares it).
 ``dapo`` (default)
-    ``dapo_strict`` plus four fixes for failures users report. The first three only accept answers
+    ``dapo_strict`` plus five fixes for failures users report. The first four only accept answers
     DAPO wrongly rejects, and none of them can turn a wrong answer right:
       * trailing special tokens (``<|im_end|>``, ``<|endoftext|>``, ``</s>``) are removed first, so
         ``Answer: 13<|im_end|>`` is 13, not ``13<|im_end|>``;
       * a trailing full stop is dropped (``Answer: 13.`` is 13);
       * plain integers are compared by value, so leading zeros do not matter: AIME writes answers as three
-        digits, and ``Answer: 025`` is correct for ground truth ``25`` (strict mode says wrong).
-    The fourth only rejects answers DAPO wrongly accepts:
+        digits, and ``Answer: 025`` is correct for ground truth ``25`` (strict mode says wrong);
+      * when the ground truth is a number, an answer written as a number is compared by value
+        (``0.5``, ``1/2`` and ``\\frac{1}{2}`` are one number; ``17.0`` is 17): see `stated.parse_number`.
+    The fifth only rejects answers DAPO wrongly accepts:
       * a comma is dropped only as a thousands separator, between groups of three digits (``2,500`` is
         2500); otherwise the answer is a list or has a decimal comma, and ``2,5``, ``12,34`` or ``2,50``
         do not match 25, 1234 or 250 (strict mode says they do).
 ``math_verify``
-    Correct when ``dapo`` (with its comma rule) says so, or when Math-Verify (HF, sympy-based) finds the
-    answer equivalent to the ground truth (it reads ``2,5`` as the set {2, 5}, never as 25). The answer is the
-    ``Answer:`` line if there is one, else the last ``\\boxed{}``, else the last answer Math-Verify's
-    own extraction finds in the last 300 characters (its default
-    LaTeX and plain-expression configs: ``The answer is 42``, ``so x = \\frac{1}{2}``, ``$\\sqrt{2}$``).
-    Adds ``1/2`` vs ``\\frac{1}{2}``, ``0.5`` vs ``1/2`` and so on. Slower (~ms per response).
+    Reads answers without an ``Answer:`` line too. The answer is the ``Answer:`` line if there is one,
+    else the last ``\\boxed{}``, else (free text) what the reply states last.
+      * **A ground truth that is a number** (an integer, a decimal or a fraction: every DAPO-Math-17k
+        and AIME answer, every synthetic task's) is matched only by the number the reply states,
+        written as a number and compared by value (`dapo_ray.algo.stated`): ``Answer: 17``, ``\\boxed{17}``,
+        ``14 + 3 = 17``, ``The sum is 17.``, ``0.5`` for ``\\frac{1}{2}``. Nothing is evaluated on the
+        reply's behalf: ``14 + 3 = ?``, ``Answer: 14 + 3``, ``\\boxed{14+3}``, ``So the total is 9 + 8.``,
+        ``Answer: 34/2``, ``x = 20 - 3`` state no number and are wrong, however they evaluate; so is a
+        hedge (``Answer: 17 or 18``, ``It is 17 or 18.``). Math-Verify is not called.
+      * **Any other ground truth** (``\\frac{\\sqrt{3}}{2}``, intervals, sets, expressions): correct when
+        ``dapo`` (with its comma rule) says so, or when Math-Verify (HF, sympy-based) finds the answer
+        equivalent. In free text the answer is the last one Math-Verify's own extraction finds in the
+        last 300 characters (its default LaTeX and plain-expression configs). It reads ``2,5`` as the set
+        {2, 5}, never as 25. Slower (~ms per response).
+    Why: a scorer that evaluates expressions pays a policy for restating the question, and one did
+    ("14 + 3 = ?" for "What is 14 + 3?": 99.6% "right" by Math-Verify, 1.8% stating the sum;
+    docs/RESULTS.md). Tests that try to game every mode: tests/algo/test_reward_hostile.py.
 
 Safety, for any input in every mode: no exception escapes, no model text is run as code, and a call
 returns within `TIME_LIMIT_S` (after a process's first ``math_verify`` call, which imports and warms up
@@ -63,6 +76,8 @@ import threading
 import time
 from collections.abc import Callable
 from typing import Literal, TypedDict, TypeVar
+
+from dapo_ray.algo.stated import parse_number, stated_answer, stated_number
 
 Mode = Literal["dapo", "dapo_strict", "math_verify"]
 MODES: tuple[str, ...] = ("dapo", "dapo_strict", "math_verify")
@@ -185,8 +200,31 @@ def _dapo(response: str, ground_truth: str, strict: bool) -> Score:
     if not strict and line is not None:
         pred = _canonical_integer(pred.rstrip("."))
         gt = _canonical_integer(gt)
-    acc = pred == gt
+        truth, value = parse_number(gt), stated_answer(pred)
+        if truth is not None and value is not None:  # a number compared by value: 0.5 = 1/2 = \frac{1}{2}
+            return _verdict(value == truth, str(value))
+    return _verdict(pred == gt, pred)
+
+
+def _verdict(acc: bool, pred: str) -> Score:
     return {"score": 1.0 if acc else -1.0, "acc": acc, "pred": pred}
+
+
+def _stated(tail: str, truth) -> Score:
+    """A number ground truth `truth` against the number the reply states (`dapo_ray.algo.stated`): the
+    `Answer:` line, else the last `\\boxed{}`, else the free text's last number standing alone. An
+    expression is never evaluated: `Answer: 14 + 3` is wrong for 17, and its `pred` is `14+3`."""
+    answer = extract_answer_line(tail)
+    if answer is None:
+        answer = last_boxed(tail)
+    if answer is None:
+        value = stated_number(tail)
+        return _invalid() if value is None else _verdict(value == truth, str(value))
+    text = normalize_final_answer(answer, thousands_only=True)
+    value = stated_answer(text)
+    if value is None:
+        return _invalid() if not text else _verdict(False, text[:MAX_ANSWER_CHARS])
+    return _verdict(value == truth, str(value))
 
 
 # --- Math-Verify, bounded in time ----------------------------------------------------------------------
@@ -356,10 +394,13 @@ def _serve() -> None:
 
 
 def _math_verify(response: str, ground_truth: str) -> Score:
+    tail = strip_special_tokens(response)[-TAIL_CHARS:]
+    truth = parse_number(ground_truth)
+    if truth is not None:
+        return _stated(tail, truth)
     by_string = _dapo(response, ground_truth, strict=False)
     if by_string["acc"]:
         return by_string
-    tail = strip_special_tokens(response)[-TAIL_CHARS:]
     if threading.current_thread() is threading.main_thread():
         return _bounded_verdict(tail, ground_truth)
     return _verdict_from_helper(tail, ground_truth)

@@ -32,7 +32,7 @@ ALL_MODES = ["dapo", "dapo_strict", "math_verify"]
         ("Answer: 25", "025", True, False, True),
         ("Answer: 13.", "13", True, False, True),
         ("Answer: 12", "13", False, False, False),
-        ("Answer: \\frac{1}{2}", "0.5", False, False, True),
+        ("Answer: \\frac{1}{2}", "0.5", True, False, True),  # a number by value (dapo)
         ("Answer: 130", "13", False, False, False),
         ("Answer: 7\nAnswer: 13", "13", True, True, True),  # the last Answer line counts
         ("Answer: 13 dollars", "13", True, True, True),
@@ -109,7 +109,7 @@ def test_pathological_answers_are_bounded(answer):
     import time
 
     t0 = time.time()
-    out = compute_score(f"Answer: {answer}", "3", "math_verify")
+    out = compute_score(f"Answer: {answer}", "\\sqrt{3}", "math_verify")  # not a number: Math-Verify's path
     assert out["score"] == -1.0
     assert time.time() - t0 < 3.0
 
@@ -119,8 +119,8 @@ def test_math_verify_off_the_main_thread():
     results = {}
 
     def work():
-        results["ok"] = compute_score("Answer: \\frac{1}{2}", "0.5", "math_verify")
-        results["bad"] = compute_score("Answer: 3", "0.5", "math_verify")
+        results["ok"] = compute_score("Answer: \\sqrt{8}", "2\\sqrt{2}", "math_verify")
+        results["bad"] = compute_score("Answer: 3", "2\\sqrt{2}", "math_verify")
 
     t = threading.Thread(target=work)
     t.start()
@@ -140,8 +140,9 @@ def test_never_raises_dapo(response, gt):
 @settings(max_examples=60, deadline=None)
 @given(st.from_regex(r"Answer: [0-9+\-*/^(){}\\a-z!.,$ ]{0,40}", fullmatch=True))
 def test_never_raises_math_verify(response):
-    out = compute_score(response, "12", "math_verify")
-    assert out["score"] in (1.0, -1.0)
+    for truth in ("12", "2\\sqrt{3}"):  # a number (read as stated) and not one (Math-Verify)
+        out = compute_score(response, truth, "math_verify")
+        assert out["score"] in (1.0, -1.0)
 
 
 def test_non_string_response_scores_minus_one():

@@ -12,6 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from dapo_ray.algo.reward import INVALID, compute_score, extract_answer_line, last_boxed, strip_special_tokens
+from dapo_ray.algo.stated import parse_number
 
 # What models (and attackers) write, glued at random: answer markers, LaTeX, special tokens, code,
 # control characters, lone surrogates (invalid UTF-8 decoded with surrogateescape), bidi overrides.
@@ -131,14 +132,24 @@ def _math_verify_reference(response: str, ground_truth: str) -> bool:
 @given(st.sampled_from(FREE_FORM), numbers_as_written, numbers_as_written, st.booleans())
 @example("The answer is {}", "42", "42", True)
 @example("so x = {}", "\\frac{1}{2}", "0.5", False)
+@example("so x = {}", "\\frac{4}{2}", "2", False)
+@example("which is {}", "\\sqrt{4}", "2", False)
 @example("Therefore the result is ${}$", "\\sqrt{2}", "\\sqrt{2}", True)
 def test_free_form_answers_agree_with_math_verify(template, written, other, same):
+    # A number ground truth is matched by the number the reply states, by value, never by evaluating what
+    # it writes (`\\sqrt{4}` or `\\frac{4}{2}` state no number): right only where Math-Verify agrees.
     ground_truth = written if same else other
     response = "Let us think step by step.\n" + template.format(written)
     with _verdicts_not_times():
         ours = compute_score(response, ground_truth, "math_verify")
+        reference = _math_verify_reference(response, ground_truth)
     assert_well_formed(ours)
-    assert ours["acc"] is _math_verify_reference(response, ground_truth)
+    truth = parse_number(ground_truth)
+    if truth is None:
+        assert ours["acc"] is reference
+    else:
+        assert ours["acc"] is (parse_number(written) == truth)
+        assert reference or not ours["acc"]
 
 
 @pytest.mark.parametrize(

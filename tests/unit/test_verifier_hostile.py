@@ -19,6 +19,7 @@ from dapo_ray.algo import reward
 from dapo_ray.algo.reward import INVALID, TIME_LIMIT_S, VERIFY_BUDGET_S, compute_score
 
 MINUS = -1.0
+SYMBOLIC = ("Answer: \\sqrt{8}", "2\\sqrt{2}", "math_verify")  # not a number: Math-Verify's path, the helper's
 EITHER = None  # the verdict may go either way (it must still be well formed and repeatable)
 
 
@@ -27,34 +28,34 @@ def hostile_cases(sentinel: Path) -> list[tuple[object, object, float | None]]:
     code = f"__import__('os').system('touch {sentinel}')"
     return [
         # Code in the answer line, the box, free text, math and text mode.
-        (f"Answer: {code}", "0", MINUS),
-        (f"\\boxed{{{code}}}", "0", MINUS),
-        (f"The answer is {code}", "0", MINUS),
-        (f"Answer: ${code}$", "0", MINUS),
-        (f"Answer: \\text{{{code}}}", "0", MINUS),
-        (f'Answer: eval("{code}")', "0", MINUS),
-        (f'so x = exec("{code}")', "0", MINUS),
-        ("Answer: ().__class__.__base__.__subclasses__()", "0", MINUS),
-        ("Answer: lambda: open('/etc/passwd').read()", "0", MINUS),
+        (f"Answer: {code}", "x+1", MINUS),
+        (f"\\boxed{{{code}}}", "x+1", MINUS),
+        (f"The answer is {code}", "x+1", MINUS),
+        (f"Answer: ${code}$", "x+1", MINUS),
+        (f"Answer: \\text{{{code}}}", "x+1", MINUS),
+        (f'Answer: eval("{code}")', "x+1", MINUS),
+        (f'so x = exec("{code}")', "x+1", MINUS),
+        ("Answer: ().__class__.__base__.__subclasses__()", "x+1", MINUS),
+        ("Answer: lambda: open('/etc/passwd').read()", "x+1", MINUS),
         ("Answer: {{7*7}}", "49", EITHER),
         # Numbers too big to compute.
-        ("Answer: 10^10^10^10", "3", MINUS),
-        ("Answer: 10^{10^{10^{10}}}", "3", MINUS),
-        ("Answer: (10^10)!", "3", MINUS),
-        ("Answer: (10^{10})!", "3", MINUS),
-        ("Answer: 9**9**9**9", "3", MINUS),
-        ("\\boxed{9^{9^{9^{9}}}}", "3", MINUS),
-        ("The answer is 9**9**9**9", "3", MINUS),
-        ("so the result is $(10^{10})!$", "3", MINUS),
-        ("Answer: 10!!!!!!!!", "3", MINUS),
-        ("Answer: \\binom{10^{9}}{10^{5}}", "3", MINUS),
-        ("Answer: 2^{2^{2^{2^{2^{2}}}}}", "3", MINUS),
-        ("Answer: 10^{10^{7}}", "3", MINUS),
+        ("Answer: 10^10^10^10", "\\sqrt{3}", MINUS),
+        ("Answer: 10^{10^{10^{10}}}", "\\sqrt{3}", MINUS),
+        ("Answer: (10^10)!", "\\sqrt{3}", MINUS),
+        ("Answer: (10^{10})!", "\\sqrt{3}", MINUS),
+        ("Answer: 9**9**9**9", "\\sqrt{3}", MINUS),
+        ("\\boxed{9^{9^{9^{9}}}}", "\\sqrt{3}", MINUS),
+        ("The answer is 9**9**9**9", "\\sqrt{3}", MINUS),
+        ("so the result is $(10^{10})!$", "\\sqrt{3}", MINUS),
+        ("Answer: 10!!!!!!!!", "\\sqrt{3}", MINUS),
+        ("Answer: \\binom{10^{9}}{10^{5}}", "\\sqrt{3}", MINUS),
+        ("Answer: 2^{2^{2^{2^{2^{2}}}}}", "\\sqrt{3}", MINUS),
+        ("Answer: 10^{10^{7}}", "\\sqrt{3}", MINUS),
         ("Answer: 10^{10^{6}} \\cdot 10^{10^{6}}", "10^{10^{7}}", MINUS),
         ("Answer: 10^{10^{10}}", "9^{9^{9^{9}}}", MINUS),
-        ("Answer: e^{10^{10}}", "3", MINUS),
-        ("Answer: \\sin(10^{10^{10}})", "3", MINUS),
-        ("Answer: \\lfloor 10^{10^{7}} / 7 \\rfloor", "3", MINUS),
+        ("Answer: e^{10^{10}}", "\\sqrt{3}", MINUS),
+        ("Answer: \\sin(10^{10^{10}})", "\\sqrt{3}", MINUS),
+        ("Answer: \\lfloor 10^{10^{7}} / 7 \\rfloor", "\\sqrt{3}", MINUS),
         ("Answer: " + "9" * 5000, "3", MINUS),
         ("Answer: 0." + "1" * 5000, "3", MINUS),
         # Deep nesting.
@@ -141,14 +142,14 @@ def off_main_thread():
     """Runs a call in a worker thread, where math_verify mode goes through the helper process (started
     and warmed up here, outside any timing)."""
     with ThreadPoolExecutor(max_workers=1) as pool:
-        assert pool.submit(compute_score, "Answer: 1/2", "0.5", "math_verify").result()["acc"] is True
+        assert pool.submit(compute_score, *SYMBOLIC).result()["acc"] is True
         yield lambda call: pool.submit(call).result()
 
 
 @pytest.mark.parametrize("mode", ["dapo", "dapo_strict", "math_verify"])
 def test_hostile_inputs(mode, tmp_path, off_main_thread):
     sentinel = tmp_path / "pwned"
-    compute_score("Answer: 1/2", "0.5", mode)  # warm-up (imports) outside the timing
+    compute_score(*SYMBOLIC[:2], mode)  # warm-up (imports) outside the timing
     worst = (0.0, None)
     for i, (response, ground_truth, expected) in enumerate(hostile_cases(sentinel)):
         what = f"case {i}: {str(response)[:60]!r} vs {str(ground_truth)[:20]!r} in {mode}"
@@ -200,14 +201,17 @@ def test_model_text_never_reaches_eval_or_exec(tmp_path, monkeypatch):
 
         return wrapped
 
-    compute_score("Answer: 1/2", "0.5", "math_verify")  # warm-up (imports) before spying
+    compute_score(*SYMBOLIC)  # warm-up (imports) before spying
     monkeypatch.setattr(builtins, "eval", spy(builtins.eval))
     monkeypatch.setattr(builtins, "exec", spy(builtins.exec))
     for response, ground_truth, _ in hostile_cases(tmp_path / "pwned")[:10]:
         for mode in ("dapo", "dapo_strict", "math_verify"):
             assert compute_score(response, ground_truth, mode)["score"] == -1.0 or ground_truth == "49"
     a = time.time_ns() % 9000 + 1000  # a fresh sum, past Math-Verify's parse cache
-    assert compute_score(f"The answer is {a}+4321", str(a + 4321), "math_verify")["acc"] is True
+    # A number ground truth is never evaluated on the reply's behalf; Math-Verify's own verdict (what a
+    # ground truth that is not a number gets) still evaluates the plain sum, which the spy must see.
+    assert compute_score(f"The answer is {a}+4321", str(a + 4321), "math_verify")["acc"] is False
+    assert reward._bounded_verdict(f"The answer is {a}+4321", str(a + 4321))["acc"] is True
     monkeypatch.undo()
     assert any(str(a) in source for source in seen), "the spy missed sympy's eval of the plain sum"
     assert not (tmp_path / "pwned").exists()
@@ -244,7 +248,7 @@ def test_the_budget_leaves_the_callers_alarm_as_it_found_it():
     previous = signal.signal(signal.SIGALRM, handler)
     signal.setitimer(signal.ITIMER_REAL, 30.0)
     try:
-        compute_score("Answer: 9^{9^{9^{9}}}", "3", "math_verify")  # runs until the budget ends it
+        compute_score("Answer: 9^{9^{9^{9}}}", "\\sqrt{3}", "math_verify")  # runs until the budget ends it
         assert signal.getsignal(signal.SIGALRM) is handler
         assert 28.0 < signal.getitimer(signal.ITIMER_REAL)[0] <= 30.0 - VERIFY_BUDGET_S
     finally:
@@ -257,11 +261,11 @@ def test_a_helper_past_its_deadline_is_killed_and_replaced(monkeypatch, off_main
     # An answer that takes sympy its whole budget (0.5 s) against a deadline of 0.05 s: the reply cannot
     # come in time however the machine is loaded (with a deadline of 0, a fast reply could).
     monkeypatch.setattr(reward, "HELPER_DEADLINE_S", 0.05)
-    out = off_main_thread(lambda: compute_score("Answer: (10^{10})!", "0.5", "math_verify"))
+    out = off_main_thread(lambda: compute_score("Answer: (10^{10})!", "\\sqrt{3}", "math_verify"))
     assert out == {"score": -1.0, "acc": False, "pred": INVALID}
     assert reward._helper is None
     monkeypatch.undo()
-    assert off_main_thread(lambda: compute_score("Answer: 1/2", "0.5", "math_verify"))["acc"] is True
+    assert off_main_thread(lambda: compute_score(*SYMBOLIC))["acc"] is True
 
 
 # Random math on both paths: well-formed expressions (towers, factorials, binomials grow fast, so some
