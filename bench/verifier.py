@@ -12,6 +12,10 @@ hand-picked hostile cases of tests/unit/test_verifier_hostile.py and `--fuzz` ra
 the pieces the fuzz tests use. The promise is TIME_LIMIT_S per call; warm-up (imports, the helper's
 start) is done first and not counted.
 
+Hostile replies: the restated questions, expressions equal to the truth, assignments and hedges of
+tests/algo/test_reward_hostile.py, scored by each mode and by Math-Verify's own `verify(parse(gold),
+parse(response))`: how many each pays (every mode must pay none).
+
 Agreement: ~50 Math-Verify-style responses ("The answer is 42", "so x = \\frac{1}{2}"), right and
 wrong, scored by Math-Verify's own `verify(parse(gold), parse(response))` as the reference, by
 `math_verify` mode now, and by the mode as it was before the free-form fallback (the `Answer:` line or
@@ -113,8 +117,8 @@ def worst_times(cases: list[tuple[object, object]]) -> list[tuple[float, str, st
     out = []
     with ThreadPoolExecutor(max_workers=1) as pool:
         for mode in MODES:
-            compute_score("Answer: 1/2", "0.5", mode)  # warm-up: imports
-            pool.submit(compute_score, "Answer: 1/2", "0.5", mode).result()  # warm-up: the helper's start
+            compute_score("Answer: \\sqrt{8}", "2\\sqrt{2}", mode)  # warm-up: imports (Math-Verify's path)
+            pool.submit(compute_score, "Answer: \\sqrt{8}", "2\\sqrt{2}", mode).result()  # warm-up: the helper's start
             for path in ("main thread", "helper"):
                 worst = (0.0, "")
                 for response, ground_truth in cases:
@@ -202,6 +206,15 @@ def agreement() -> tuple[int, int, list[tuple[str, str, bool, bool]]]:
     return before, after, misses
 
 
+def hostile_acceptance() -> tuple[int, dict[str, int], list[str]]:
+    """(hostile replies, how many each mode and Math-Verify itself accept, the ones Math-Verify accepts)."""
+    cases = _test_module("tests/algo/test_reward_hostile.py").HOSTILE
+    paid = {mode: sum(compute_score(r, gold, mode)["acc"] for r, gold in cases) for mode in MODES}
+    by_math_verify = [f"{r!r} for {gold}" for r, gold in cases if math_verify_reference(r, gold)]
+    paid["Math-Verify itself"] = len(by_math_verify)
+    return len(cases), paid, by_math_verify
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=4000, help="responses per mode for throughput")
@@ -233,13 +246,23 @@ def main() -> None:
     print(f"worst: {seconds:.3f} s ({mode}, {path}) on {what}; limit {TIME_LIMIT_S} s")
     print(f"sentinel file created by any answer: {sentinel.exists()}\n")
 
+    n, paid, by_math_verify = hostile_acceptance()
+    print(f"hostile replies paid (restated questions, expressions equal to the truth, hedges), of {n}:")
+    for who, count in paid.items():
+        print(f"  {who:20s} {count:3d}")
+    for case in by_math_verify:
+        print(f"  Math-Verify pays {case}")
+    print()
+
     before, after, misses = agreement()
     n = len(AGREEMENT_CASES)
     print(f"agreement with Math-Verify's verify(parse(gold), parse(response)) on {n} free-form-style cases:")
     print(f"  before (Answer: line or \\boxed{{}} only): {before}/{n} = {before / n:.0%}")
     print(f"  after  (math_verify mode now):            {after}/{n} = {after / n:.0%}")
+    # A number ground truth is matched by the number stated, never by evaluating an expression: where
+    # Math-Verify evaluates one (`$2^{10}$` for 1024) the mode differs on purpose.
     for response, gold, reference, now in misses:
-        print(f"  still differs: {response!r} vs {gold!r}: Math-Verify {reference}, math_verify mode {now}")
+        print(f"  differs: {response!r} vs {gold!r}: Math-Verify {reference}, math_verify mode {now}")
 
 
 if __name__ == "__main__":

@@ -212,8 +212,9 @@ def _verdict(acc: bool, pred: str) -> Score:
 
 def _stated(tail: str, truth) -> Score:
     """A number ground truth `truth` against the number the reply states (`dapo_ray.algo.stated`): the
-    `Answer:` line, else the last `\\boxed{}`, else the free text's last number standing alone. An
-    expression is never evaluated: `Answer: 14 + 3` is wrong for 17, and its `pred` is `14+3`."""
+    `Answer:` line (or the last `\\boxed{}`) when it is a number, else the number it states as free text
+    would; with neither, the free text's last number standing alone. An expression is never evaluated:
+    `Answer: 14 + 3` is wrong for 17, and its `pred` is `14+3`."""
     answer = extract_answer_line(tail)
     if answer is None:
         answer = last_boxed(tail)
@@ -222,6 +223,8 @@ def _stated(tail: str, truth) -> Score:
         return _invalid() if value is None else _verdict(value == truth, str(value))
     text = normalize_final_answer(answer, thousands_only=True)
     value = stated_answer(text)
+    if value is None:  # `Answer: the distance is 12 km` states 12; `Answer: 14 + 3` states nothing
+        value = stated_number(answer)
     if value is None:
         return _invalid() if not text else _verdict(False, text[:MAX_ANSWER_CHARS])
     return _verdict(value == truth, str(value))

@@ -9,9 +9,9 @@ is that reading, for every scorer of `reward.py`:
   fraction in lowest terms (`1/2`, `-2/11`, `\\frac{1}{2}`, `\\dfrac{-1}{2}`). `34/2`, `2/4`, `14+3`,
   `2*3` and `5!` are expressions: they state no number, whatever their value;
 * in free text the **stated** number is the last number of the reply, and only when it stands alone:
-  not an operand (`14 + 3 = ?`, `so the total is 9 + 8.`, `x = 20 - 3`), not one of several offered
-  (`17 or 18`, `3, 4`), not a question (`17?`), not a percentage (`17%`). `14 + 3 = 17`, `The sum is
-  17.` and `x = -3` state 17, 17 and -3.
+  not an operand (`14 + 3 = ?`, `so the total is 9 + 8.`, `x = 20 - 3`, `\\sqrt{289}`), not one of several
+  offered (`17 or 18`, `3, 4`), not a question (`17?`). `14 + 3 = 17`, `The sum is 17.`, `x = -3` and
+  `25%` state 17, 17, -3 and 25 (a percentage is the number written: "what percent" asks for it).
 
 `states_reference` is the hack alarm's test: does a reply contain the reference answer at all, as
 written? A rewarded reply that does not is how a scorer's hole shows (see `dapo_ray.replies`).
@@ -42,8 +42,8 @@ _LITERAL_RE = re.compile(
     r")"
 )
 _MINUS = str.maketrans({"\u2212": "-", "\u2013": "-"})  # the minus sign and the en dash models write
-_OPERATOR_BEFORE_RE = re.compile(r"(?:[*/×÷^·<>]|\\times|\\cdot|\\div|\\pm|±|\b(?:plus|minus|times|over|or|and|to|nor)\b)\s*\Z", re.I)  # fmt: skip
-_OPERATOR_AFTER_RE = re.compile(r"\A\s*(?:[-+*/×÷^·=<>?%!]|\\times|\\cdot|\\div|\\pm|±|\\%|\b(?:plus|minus|times|over|or)\b)", re.I)  # fmt: skip
+_OPERATOR_BEFORE_RE = re.compile(r"(?:[*/×÷^·<>]|\\times|\\cdot|\\div|\\pm|±|\b(?:plus|minus|times|over|or|and|nor)\b)\s*\Z", re.I)  # fmt: skip
+_OPERATOR_AFTER_RE = re.compile(r"\A\s*(?:[-+*/×÷^·=<>?!]|\\times|\\cdot|\\div|\\pm|±|\b(?:plus|minus|times|over|or)\b)", re.I)  # fmt: skip
 # Inside a LaTeX command's argument (`\\sqrt{4}`, `2^{3}`, `\\frac{x}{2}`), except the ones that only wrap an answer.
 _IN_COMMAND_RE = re.compile(r"(?:\\(?!boxed|text|mathrm|mathbf|textbf)[A-Za-z]+|[_^]|\})\s*\{\s*\Z")
 _OPERAND_BEFORE_SIGN_RE = re.compile(r"(?:[\d)\]}!]|(?<![A-Za-z])[A-Za-z])\s*\Z")  # `20 - 3`, `x - 3`: binary

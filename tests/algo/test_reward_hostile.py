@@ -50,8 +50,6 @@ HOSTILE = [
     ("Answer: 16 < x < 18", "17"),
     ("Maybe 17?", "17"),
     ("Answer: 17 \\pm 1", "17"),
-    # a percentage is another number
-    ("1700%", "1700"),
     # no answer at all
     ("I do not know.", "17"),
     ("", "17"),
@@ -81,6 +79,11 @@ CONTROLS = [
     ("so x = \\frac{1}{2}", "0.5", ("math_verify",)),
     ("14 + 3 = 17.0", "17", ("math_verify",)),
     ("The total is 1,000 apples.", "1000", ("math_verify",)),
+    ("The roots sum to -5.", "-5", ("math_verify",)),
+    ("Final answer: the distance is 12 km", "12", ("math_verify",)),
+    ("Answer: the sum is 17", "17", ("math_verify",)),
+    ("The discount is 25%.", "25", ("math_verify",)),
+    ("Answer: 25\\%", "25", ("math_verify",)),
     # a ground truth that is not a number keeps Math-Verify's symbolic equivalence
     ("Answer: \\frac{\\sqrt{3}}{2}", "\\frac{\\sqrt{3}}{2}", MODES),
     ("Answer: \\sqrt{3}/2", "\\frac{\\sqrt{3}}{2}", ("math_verify",)),
