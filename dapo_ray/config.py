@@ -185,6 +185,9 @@ class RolloutConfig:
 class RewardConfig:
     mode: Literal["dapo", "dapo_strict", "math_verify"] = "dapo"
     """Answer checker: DAPO's string match (+ documented fixes), verbatim DAPO, or Math-Verify."""
+    alarm_share: float = 0.2
+    """Hack alarm: raised when more than this share of the replies the scorer rewarded (at least 8) do not
+    state the reference answer, at a step or a held-out evaluation (`dapo_ray.replies`)."""
 
 
 @dataclass(frozen=True)
@@ -372,6 +375,10 @@ class EvalConfig:
     """Evaluate every this many steps (0: only before and after training)."""
     max_response_length: int | None = None
     """Evaluation generation limit; null: the rollout's L_max."""
+    print_replies: int = 4
+    """Replies printed at each held-out evaluation (the first sample of the first problems); 0: none."""
+    log_replies: int = 32
+    """Problems whose first reply each held-out evaluation keeps (MLflow `evaluations/step_N.json`, the report)."""
 
 
 @dataclass(frozen=True)
@@ -618,6 +625,9 @@ def validate(cfg: Config) -> None:
           f"algorithm.carry_over needs algorithm.max_policy_lag >= 2 (got {a.max_policy_lag}): surplus groups are "
           "two policy versions old by the step that could use them, so every one would be dropped as stale; "
           "set carry_over: false (as verl) or max_policy_lag: 2")  # fmt: skip
+    check(0.0 <= cfg.reward.alarm_share <= 1.0, f"reward.alarm_share must be in [0, 1], got {cfg.reward.alarm_share}")
+    check(cfg.eval.print_replies >= 0 and cfg.eval.log_replies >= 0,
+          f"eval.print_replies ({cfg.eval.print_replies}) and eval.log_replies ({cfg.eval.log_replies}) must be >= 0")  # fmt: skip
     w = cfg.data.warmup
     check(0.0 <= w.label_smoothing < 1.0, f"data.warmup.label_smoothing must be in [0, 1), got {w.label_smoothing}")
     check(0.0 < w.target_acc <= 1.0, f"data.warmup.target_acc must be in (0, 1], got {w.target_acc}")

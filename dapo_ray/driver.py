@@ -29,6 +29,7 @@ from dapo_ray.producer import Producer
 from dapo_ray.progress import Pace, StatusLine, duration, log
 from dapo_ray.ray_cluster import absolute_paths, init_ray
 from dapo_ray.ray_metrics import DriverMetrics, run_name
+from dapo_ray.replies import alarm_message, alarm_up, replies_record, reply_lines, unstated_rewarded_ratio
 from dapo_ray.stopping import StopRequest
 from dapo_ray.trainer.batch import build_shards, flatten_groups
 
@@ -85,7 +86,10 @@ class PromptCursor:
 
 
 def prepare_prompts(cfg: Config, tokenizer) -> tuple[list[dict], list[dict]]:
-    """(train rows, held-out rows) with `prompt_ids`, prompts over max_prompt_length dropped."""
+    """(train rows, held-out rows) with `prompt_ids`, prompts over max_prompt_length dropped; the
+    held-out rows also with their problem's first words, which the evaluations' replies show."""
+    from dapo_ray.evaluate import with_problems
+
     d = cfg.data
     if d.source == "synthetic":
         train, held_out = synthetic_rows(dataclasses.asdict(d.synthetic), d.template)
@@ -104,24 +108,33 @@ def prepare_prompts(cfg: Config, tokenizer) -> tuple[list[dict], list[dict]]:
             log(f"dropped {len(rows) - len(out)} prompts longer than {d.max_prompt_length} tokens")
         return out
 
-    return tokenize(train), tokenize(held_out)
+    return tokenize(train), with_problems(tokenize(held_out), held_out)
 
 
-def evaluate(cfg: Config, rows: list[dict], app: str, concurrency: int) -> dict[str, float]:
-    """avg@k, pass@k and maj@k on held-out problems, through the same Ray Data + Serve path as training
-    (the code of `dapo-ray eval`, dapo_ray/evaluate.py)."""
+def evaluate(cfg: Config, rows: list[dict], app: str, concurrency: int) -> tuple[dict[str, float], list]:
+    """avg@k, pass@k and maj@k on held-out problems, and the hack alarm's share of rewarded replies that
+    do not state the reference answer, through the same Ray Data + Serve path as training (the code of
+    `dapo-ray eval`, dapo_ray/evaluate.py); with each problem's `ProblemResult`, replies included."""
     from dapo_ray.evaluate import eval_sampling, sample_and_score, summarize
 
     if not rows:
-        return {}
-    s = summarize(sample_and_score(rows, app, eval_sampling(cfg), scoring_spec(cfg), concurrency))
-    return {"eval/avg_at_k": s["avg_at_k"], "eval/pass_at_k": s["pass_at_k"], "eval/maj_at_k": s["maj_at_k"]}
+        return {}, []
+    results = sample_and_score(rows, app, eval_sampling(cfg), scoring_spec(cfg), concurrency)
+    s = summarize(results)
+    return {"eval/avg_at_k": s["avg_at_k"], "eval/pass_at_k": s["pass_at_k"], "eval/maj_at_k": s["maj_at_k"],
+            "eval/rewarded_samples": s["rewarded_samples"],
+            "eval/unstated_rewarded_ratio": s["unstated_rewarded_ratio"]}, results  # fmt: skip
 
 
 def batch_metrics(batch: list[dict], generated: list[dict], version: int) -> dict[str, float]:
-    """Reward, accuracy, length and solve-all statistics of the step (see metrics.py)."""
+    """Reward, accuracy, length and solve-all statistics of the step, and the hack alarm's share of the
+    generated responses judged right that do not state the reference answer (see metrics.py)."""
     from dapo_ray.trainer.batch import response_versions, token_versions
 
+    scored = generated or batch  # a step of carried-over groups alone generated nothing: its batch
+    unstated, rewarded = unstated_rewarded_ratio([t for g in scored for t in g["texts"]],
+                                                 [g["ground_truth"] for g in scored for _ in g["texts"]],
+                                                 [a for g in scored for a in g["acc"]])  # fmt: skip
     lengths = [len(ids) for g in batch for ids in g["response_ids"]]
     generated_lengths = [len(ids) for g in generated or batch for ids in g["response_ids"]]
     lps = [lp for g in batch for seq in g["rollout_logprobs"] for lp in seq]
@@ -147,6 +160,8 @@ def batch_metrics(batch: list[dict], generated: list[dict], version: int) -> dic
         "rollout/interrupted_frac": statistics.fmean(len(seg) > 1 for seg in segments),
         "rollout/replicas_sampling": len({g.get("replica") for g in generated or batch}),
         "actor/mean_token_prob": statistics.fmean(math.exp(x) for x in lps) if lps else 0.0,
+        "reward/rewarded_responses": rewarded,
+        "reward/unstated_rewarded_ratio": unstated,
     }
 
 
@@ -314,7 +329,7 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
     t = cfg.trainer
     run = _Run(cfg, stack, cursor, filler, eval_rows)  # at the step the trainer workers start from
     if run.step == 0 and eval_rows:
-        run.evaluated(run.evaluate(), "before")
+        run.evaluated(*run.evaluate(), "before")
     run.start_training()
     clock = StepClock()
     try:
@@ -369,7 +384,7 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
             # 5. Evaluate every eval.every steps.
             if eval_rows and cfg.eval.every and run.step % cfg.eval.every == 0 and run.step < t.total_steps \
                     and not stop.signal:  # fmt: skip
-                run.evaluated(run.evaluate(), "during")
+                run.evaluated(*run.evaluate(), "during")
 
             # 6. A stop request: checkpoint this step (unless it just did) and leave.
             if stop.signal:
@@ -440,6 +455,10 @@ class _Run:
         self.sync_check: tuple | None = None
         self.sync_checked = "sync diff -"
         self.t_train: float | None = None  # when training started (after the first evaluation)
+        # Where a hack alarm sends the reader.
+        self.replies_at = ("the replies printed at each held-out evaluation, evaluations/ in the MLflow run and, at "
+                           "the end, report/summary.md" if cfg.tracking.enabled else
+                           "the replies printed at each held-out evaluation")  # fmt: skip
 
     # --- where the run stands, and going back to a checkpoint ---------------------------------------------
 
@@ -562,8 +581,12 @@ class _Run:
         self.pace.mark(self.step)
         self.live.update(started=time.time(), last=f"last step: reward {metrics['critic/score/mean']:+.3f} "
                                                    f"acc {metrics['rollout/acc_all_generated']:.1%}")  # fmt: skip
+        unstated, rewarded = metrics["reward/unstated_rewarded_ratio"], metrics["reward/rewarded_responses"]
+        alarm = alarm_up(unstated, rewarded, self.cfg.reward.alarm_share)
         _print_step(self.step, self.cfg.trainer.total_steps, metrics, fill, self.pace.eta(), self.sync_checked,
-                    self.held_out)  # fmt: skip
+                    self.held_out, alarm)  # fmt: skip
+        if alarm:
+            log(alarm_message(unstated, rewarded, f"at step {self.step}", self.replies_at))
         return metrics
 
     def check_sync(self, last: bool = False) -> None:
@@ -605,17 +628,18 @@ class _Run:
 
     # --- held-out evaluation --------------------------------------------------------------------------------
 
-    def evaluate(self) -> dict:
-        """Held-out scores now. Time spent after training started is summed (train_s includes it)."""
+    def evaluate(self) -> tuple[dict, list]:
+        """Held-out scores now, and each problem's replies. Time spent after training started is summed
+        (train_s includes it)."""
         t0 = time.time()
-        ev = evaluate(self.cfg, self.eval_rows, self.stack.app, self.concurrency)
+        ev, results = evaluate(self.cfg, self.eval_rows, self.stack.app, self.concurrency)
         if self.t_train is not None:
             self.summary["eval_s"] += time.time() - t0
-        return ev
+        return ev, results
 
-    def evaluated(self, ev: dict, moment: str) -> None:
+    def evaluated(self, ev: dict, results: list, moment: str) -> None:
         """Record held-out scores taken "before", "during" or "after" training: the curve against time, step
-        and generation, MLflow, Ray's metrics, the console."""
+        and generation, MLflow, Ray's metrics, the console; and what the model said (`show_replies`)."""
         n = self.cfg.eval.n
         train_s = 0.0 if moment == "before" else time.time() - self.t_train
         self.summary["evals"].append({"step": self.step, "train_s": train_s, "eval_s": self.summary["eval_s"],
@@ -624,14 +648,30 @@ class _Run:
         self.exported.record(ev, step=self.step)
         self.held_out = f"held-out avg@{n} {ev['eval/avg_at_k']:.1%} at step {self.step}"
         if moment == "during":
-            log(f"held-out at step {self.step}: avg@{n} {ev['eval/avg_at_k']:.1%}")
+            log(f"held-out at step {self.step}: avg@{n} {ev['eval/avg_at_k']:.1%}{_unstated(ev)}")
         else:
             self.summary[f"eval_{moment}"] = ev
             log(f"held-out {moment} training: {self.scores(ev)}")
+        self.show_replies(ev, results)
+
+    def show_replies(self, ev: dict, results: list) -> None:
+        """What the model says at this evaluation: the first replies on the console (eval.print_replies),
+        a sample of them (eval.log_replies) and the commonest reply shapes with the MLflow run, and the hack
+        alarm when it is up."""
+        e = self.cfg.eval
+        said = replies_record(results, e.log_replies)
+        for line in reply_lines(said["replies"], e.print_replies):
+            log(f"reply at step {self.step}: {line}")
+        unstated, rewarded = ev["eval/unstated_rewarded_ratio"], ev["eval/rewarded_samples"]
+        self.tracker.log_evaluation({"step": self.step, "k": e.n, "avg_at_k": ev["eval/avg_at_k"],
+                                     "unstated_rewarded_ratio": unstated, "rewarded_samples": rewarded, **said},
+                                    step=self.step)  # fmt: skip
+        if alarm_up(unstated, rewarded, self.cfg.reward.alarm_share):
+            log(alarm_message(unstated, rewarded, f"at the held-out evaluation of step {self.step}", self.replies_at))
 
     def scores(self, ev: dict) -> str:
         n = self.cfg.eval.n
-        return f"avg@{n} {ev['eval/avg_at_k']:.1%}, pass@{n} {ev['eval/pass_at_k']:.1%}"
+        return f"avg@{n} {ev['eval/avg_at_k']:.1%}, pass@{n} {ev['eval/pass_at_k']:.1%}{_unstated(ev)}"
 
     def evaluate_final(self) -> None:
         """The held-out score after training. A run that stopped early (the generation budget, batches with
@@ -639,7 +679,7 @@ class _Run:
         evaluation is the final one, not sampled again."""
         last = self.summary["evals"][-1] if self.summary["evals"] else None
         if last is None or last["step"] != self.step:
-            self.evaluated(self.evaluate(), "after")
+            self.evaluated(*self.evaluate(), "after")
             return
         ev = {k: v for k, v in last.items() if k.startswith("eval/")}
         self.summary["eval_after"] = ev
@@ -726,11 +766,19 @@ def _report(cfg: Config, tracker: Tracker) -> str:
     return str(out)
 
 
-def _print_step(step: int, total: int, m: dict, fill, eta: str, sync_checked: str, held_out: str) -> None:
+def _unstated(ev: dict) -> str:
+    """`, unstated 62%`: an evaluation's share of rewarded replies without the reference answer, when not 0."""
+    return f", unstated {ev['eval/unstated_rewarded_ratio']:.0%}" if ev["eval/unstated_rewarded_ratio"] else ""
+
+
+def _print_step(step: int, total: int, m: dict, fill, eta: str, sync_checked: str, held_out: str, alarm: bool) -> None:
     """One line per step: the console's and the job log's record of the run (with the previous sync's
-    check: `_Run.check_sync`)."""
+    check: `_Run.check_sync`). `unstated 62%` is the share of the step's rewarded responses that do not
+    state the reference answer, shown when not 0, with `!` when the hack alarm is up."""
+    unstated = m["reward/unstated_rewarded_ratio"]
     log(f"step {step}/{total}  {eta}  reward {m['critic/score/mean']:+.3f}  acc {m['rollout/acc_all_generated']:.1%}  "
-        f"kept {fill.kept_groups}/{fill.generated_groups} groups in {fill.rounds} round(s)"
+        + (f"unstated {unstated:.0%}{'!' if alarm else ''}  " if unstated else "")
+        + f"kept {fill.kept_groups}/{fill.generated_groups} groups in {fill.rounds} round(s)"
         f"{f' +{fill.carried_in} carried' if fill.carried_in else ''}  "
         f"entropy {m['actor/entropy']:.3f}  len {m['response_length/mean']:.1f}  "
         f"clip+ {m['actor/clipfrac_high']:.3f} clip- {m['actor/clipfrac_low']:.3f}  "

@@ -22,6 +22,10 @@ For a problem with k samples, c of them judged correct:
 Worked example, k = 4, ground truth 13: answers `13, 12, 12, [INVALID]` give avg 0.25, best 1, maj 0
 (12 has two votes); `13, 12, [INVALID], [INVALID]` give maj 0.5 (13 and 12 tie with one vote each).
 
+Every evaluation also keeps what the model says (dapo_ray/replies.py): the commonest reply shapes, the
+first reply of the first `eval.log_replies` problems, and the share of the samples judged right whose reply
+never writes the reference answer, which raises the hack alarm above `reward.alarm_share`.
+
 The aggregation functions at the top are plain Python; Ray, vLLM and transformers are imported inside
 the functions that run the stack.
 """
@@ -38,6 +42,16 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from dapo_ray.replies import (
+    alarm_message,
+    alarm_up,
+    replies_record,
+    replies_table,
+    reply_lines,
+    shapes_table,
+    unstated_rewarded_ratio,
+)
 
 INVALID = "[INVALID]"
 """The verifier's `pred` when it found no answer (`algo.reward.INVALID`, a test checks they agree). Not
@@ -89,6 +103,8 @@ class ProblemResult:
     """Per sample: judged correct by the verifier."""
     preds: tuple[str, ...]
     """Per sample: the verifier's extracted answer, `[INVALID]` when none was found."""
+    texts: tuple[str, ...]
+    """Per sample: the reply as the model wrote it (`dapo_ray.replies` shows them)."""
     lengths: tuple[int, ...]
     """Per sample: response tokens."""
     truncated: tuple[bool, ...]
@@ -116,8 +132,13 @@ class ProblemResult:
 
 def summarize(results: Sequence[ProblemResult]) -> dict[str, float]:
     """avg@k, pass@k (= best@k) and maj@k over problems (see the module docstring), the share of samples
-    with no parsable answer, the mean response length and the share truncated."""
+    with no parsable answer, the mean response length and the share truncated, and the share of the
+    samples judged right whose reply does not state the reference answer (`dapo_ray.replies`: the hack
+    alarm's) with how many were judged right."""
     samples = [(n, t, p) for r in results for n, t, p in zip(r.lengths, r.truncated, r.preds, strict=True)]
+    unstated, rewarded = unstated_rewarded_ratio([t for r in results for t in r.texts],
+                                                 [r.ground_truth for r in results for _ in r.texts],
+                                                 [a for r in results for a in r.acc])  # fmt: skip
     return {
         "avg_at_k": statistics.fmean(r.correct / r.k for r in results),
         "pass_at_k": statistics.fmean(r.correct > 0 for r in results),
@@ -125,6 +146,8 @@ def summarize(results: Sequence[ProblemResult]) -> dict[str, float]:
         "no_answer_ratio": statistics.fmean(p == INVALID for _, _, p in samples),
         "response_length_mean": statistics.fmean(n for n, _, _ in samples),
         "truncated_ratio": statistics.fmean(t for _, t, _ in samples),
+        "unstated_rewarded_ratio": unstated,
+        "rewarded_samples": rewarded,
         "problems": len(results),
         "samples": len(samples),
     }
@@ -159,7 +182,9 @@ def headline(summary: dict[str, float], k: int) -> str:
     """`avg@k 12.3%  best@k (pass@k) 40.0%  maj@k 23.3%` and the sample statistics."""
     return (f"avg@{k} {summary['avg_at_k']:.1%}  best@{k} (pass@{k}) {summary['pass_at_k']:.1%}  "
             f"maj@{k} {summary['maj_at_k']:.1%}  |  no answer {summary['no_answer_ratio']:.1%} of samples, "
-            f"mean length {summary['response_length_mean']:.1f} tokens, truncated {summary['truncated_ratio']:.1%}")  # fmt: skip
+            f"mean length {summary['response_length_mean']:.1f} tokens, truncated {summary['truncated_ratio']:.1%}, "
+            f"reference not stated in {summary['unstated_rewarded_ratio']:.1%} of the {summary['rewarded_samples']} "
+            "judged right")  # fmt: skip
 
 
 # --- sampling and scoring on the stack -----------------------------------------------------------------
@@ -182,7 +207,7 @@ def problem_result(group: dict, reward_mode: str) -> ProblemResult:
 
     preds = tuple(compute_score(t, group["ground_truth"], reward_mode)["pred"] for t in group["texts"])
     return ProblemResult(uid=group["uid"], problem=group.get("problem", ""), ground_truth=group["ground_truth"],
-                         acc=tuple(bool(a) for a in group["acc"]), preds=preds,
+                         acc=tuple(bool(a) for a in group["acc"]), preds=preds, texts=tuple(group["texts"]),
                          lengths=tuple(len(ids) for ids in group["response_ids"]),
                          truncated=tuple(bool(t) for t in group["truncated"]))  # fmt: skip
 
@@ -193,8 +218,8 @@ def sample_and_score(rows: list[dict], app: str, sampling, scoring, concurrency:
     verifier), as ProblemResults in the order of `rows` (each needs uid, prompt_ids, ground_truth).
 
     Without `progress`: one round of at most 32 problems per call, as the training loop evaluates. With
-    it: rounds of `concurrency` calls, at least four, and `progress(results so far)` after each; only
-    the verdicts are kept between rounds, not the responses."""
+    it: rounds of `concurrency` calls, at least four, and `progress(results so far)` after each; the
+    verdicts and reply texts are kept between rounds, not the token ids and log-probs."""
     from dapo_ray.pipeline import generate_round
 
     per_call = min(32, math.ceil(len(rows) / (concurrency * (4 if progress else 1))))
@@ -233,12 +258,19 @@ def load_eval_set(cfg, tokenizer) -> tuple[str, list[dict], int]:
         name = "synthetic-held-out"
     else:
         raise ConfigError("nothing to evaluate: give --files (or eval.files), or a config with data.source: synthetic")
-    problems = {r["uid"]: first_words(next(m["content"] for m in r["messages"] if m["role"] == "user")) for r in rows}
-    out = [p | {"problem": problems[p["uid"]]} for p in tokenize_prompts(rows, tokenizer, d.max_prompt_length)]
+    out = with_problems(tokenize_prompts(rows, tokenizer, d.max_prompt_length), rows)
     if len(out) < len(rows):
         log(f"dropped {len(rows) - len(out)} of {len(rows)} prompts longer than data.max_prompt_length="
             f"{d.max_prompt_length} tokens")  # fmt: skip
     return name, out, len(rows) - len(out)
+
+
+def with_problems(tokenized: list[dict], rows: list[dict]) -> list[dict]:
+    """`tokenized` rows (`data.tokenize_prompts`) with the first words of their problem, the user message
+    of the row of `rows` with the same uid: what the per-problem table and the replies show."""
+    problems = {r["uid"]: first_words(next(m["content"] for m in r["messages"] if m["role"] == "user"), 100)
+                for r in rows}  # fmt: skip
+    return [p | {"problem": problems[p["uid"]]} for p in tokenized]
 
 
 def with_target(cfg, model: str | None = None, files: Sequence[str] = (), k: int | None = None):
@@ -319,21 +351,31 @@ def evaluate_model(cfg, out: str | Path | None = None) -> dict:
             ray.shutdown()
 
     summary = summarize(results)
+    said = replies_record(results, e.log_replies)
     report = {
         "set": name, "model": r.model_path, "files": list(e.files), "k": e.n, "temperature": e.temperature,
         "top_p": e.top_p, "max_response_length": sampling.max_tokens, "reward_mode": cfg.reward.mode,
         "dropped_long_prompts": dropped, **summary, "generate_s": generate_s, "seconds": time.time() - t_start,
-        "per_problem": [p.to_dict() for p in results],
+        **said, "per_problem": [p.to_dict() for p in results],
     }  # fmt: skip
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     table = out.with_suffix(".md")
-    table.write_text(f"# {name}: {r.model_path}\n\n{headline(summary, e.n)}\n\n{markdown_table(results)}\n")
+    shapes = f"Commonest reply shapes (digits as N), of all {summary['samples']} replies:\n\n{shapes_table(said['shapes'])}"
+    table.write_text(f"# {name}: {r.model_path}\n\n{headline(summary, e.n)}\n\n{markdown_table(results)}\n\n{shapes}\n\n"
+                     f"The first reply of each of the first {len(said['replies'])} problems:\n\n"
+                     f"{replies_table(said['replies'])}\n")  # fmt: skip
     shown = 100
     print(f"\n{name}: {len(results)} problems x {e.n} samples ({report['seconds']:.0f}s in all, "
           f"{generate_s:.0f}s sampling)\n{headline(summary, e.n)}\n\n{markdown_table(results, shown)}")  # fmt: skip
     if len(results) > shown:
         print(f"... {len(results) - shown} more problems in {table}")
+    print(f"\n{shapes}")
+    if e.print_replies and said["replies"]:
+        print("\nFirst replies:\n" + "\n".join(f"  {line}" for line in reply_lines(said["replies"], e.print_replies)))
+    if alarm_up(summary["unstated_rewarded_ratio"], summary["rewarded_samples"], cfg.reward.alarm_share):
+        print("\n" + alarm_message(summary["unstated_rewarded_ratio"], summary["rewarded_samples"], "on this set",
+                                   str(table)))  # fmt: skip
     print(f"\nwritten: {out}, {table}")
     return report
 

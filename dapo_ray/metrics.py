@@ -25,6 +25,8 @@ METRICS: dict[str, str] = {
     "response_length/p90": "90th percentile of response length, batch responses",
     "response_length/generated_p90": "90th percentile of response length, every response generated this step",
     "rollout/replicas_sampling": "rollout replicas that generated this step's groups (grows and shrinks with autoscaling)",
+    "reward/rewarded_responses": "responses generated this step that the scorer judged right",
+    "reward/unstated_rewarded_ratio": "share of them whose text does not state the reference answer (the hack alarm, reward.alarm_share; dapo_ray.replies)",
     # dynamic sampling
     "dynamic_sampling/rounds": "generation rounds this step",
     "dynamic_sampling/generated_groups": "prompts (groups) generated this step",
@@ -95,6 +97,8 @@ METRICS: dict[str, str] = {
     "eval/avg_at_k": "mean accuracy over k samples per held-out problem",
     "eval/pass_at_k": "share of held-out problems with at least one correct sample",
     "eval/maj_at_k": "share of held-out problems whose most frequent extracted answer is correct (a tie of m answers, j right, counts j/m)",
+    "eval/rewarded_samples": "held-out samples the scorer judged right",
+    "eval/unstated_rewarded_ratio": "share of them whose text does not state the reference answer (the hack alarm, reward.alarm_share; dapo_ray.replies)",
 }
 
 
@@ -149,6 +153,23 @@ class Tracker:
         """Store a directory (the final model, the report) with the run."""
         if self.enabled:
             self.mlflow.log_artifacts(local_dir, artifact_path)
+
+    def log_evaluation(self, record: dict, step: int) -> None:
+        """A held-out evaluation's replies (`dapo_ray.replies.replies_record` with its scores): the record as
+        `evaluations/step_000007.json`, which the report reads, and its sample of replies as rows of the MLflow
+        table `evaluations/replies.json`, with their step, which the run's page shows. One table for the run,
+        which MLflow appends to: it lists every table in one run tag of at most 8000 characters, which a table
+        per evaluation would fill after about a hundred; a reply longer than 2000 characters keeps its
+        start and end there (the record has it whole)."""
+        if not self.enabled:
+            return
+        from dapo_ray.replies import one_line
+
+        run_id = self.run.info.run_id
+        self.client.log_dict(run_id, record, f"evaluations/step_{step:06d}.json")
+        rows = [{"step": step, **r, "reply": one_line(r["reply"], 2000)} for r in record["replies"]]
+        if rows:
+            self.client.log_table(run_id, {k: [r[k] for r in rows] for k in rows[0]}, "evaluations/replies.json")
 
     def log(self, metrics: dict, step: int) -> None:
         if not self.enabled:

@@ -12,6 +12,7 @@ matplotlib and mlflow are imported when a report is made, not with this module.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -19,6 +20,8 @@ import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from dapo_ray.replies import ALARM_MIN_REWARDED, alarm_up, replies_table, shapes_table
 
 
 class ReportError(Exception):
@@ -47,6 +50,8 @@ class RunData:
     wall_min: float
     """tracked wall time: from each MLflow run's start to its last kept metric, summed over the runs"""
     notes: list[str] = field(default_factory=list)
+    evaluations: list[dict] = field(default_factory=list)
+    """what each held-out evaluation kept of its replies (`evaluations/step_*.json`), by step"""
 
     def param(self, key: str, default: Any = None) -> Any:
         """A logged config value, parsed back from its string (MLflow stores params as text)."""
@@ -91,7 +96,8 @@ def resolve_source(run_dir: str | None, tracking_uri: str | None, run_name: str 
 
 
 def load_run(tracking_uri: str, run_name: str | None = None, run_id: str | None = None) -> RunData:
-    """Every metric of the run named `run_name` (or the run `run_id`) through the MLflow client.
+    """Every metric of the run named `run_name` (or the run `run_id`) through the MLflow client, and the
+    replies its held-out evaluations kept (`evaluations/step_*.json`; none for a run written before them).
 
     Wall time comes from the metric timestamps: minutes since the MLflow run started (just before the
     evaluation before training), so evaluation time is included; with several runs of the same name, each
@@ -116,7 +122,7 @@ def load_run(tracking_uri: str, run_name: str | None = None, run_id: str | None 
     # A later run (resumed from a checkpoint) wins from its first logged step on.
     firsts = [min((m.step for h in hist.values() for m in h), default=math.inf) for hist in histories]
     points: dict[str, dict[int, tuple[float, float]]] = {}
-    offset_min, used = 0.0, []
+    offset_min, used, untils = 0.0, [], []
     for i, (r, hist) in enumerate(zip(runs, histories, strict=True)):
         until = min(firsts[i + 1 :], default=math.inf)
         kept = [(k, m) for k, h in hist.items() for m in h if m.step < until]
@@ -124,7 +130,14 @@ def load_run(tracking_uri: str, run_name: str | None = None, run_id: str | None 
             points.setdefault(k, {})[m.step] = (m.value, offset_min + (m.timestamp - r.info.start_time) / 60_000)
         if kept or r is runs[-1]:
             used.append(r)
+            untils.append(until)
             offset_min += (max((m.timestamp for _, m in kept), default=r.info.start_time) - r.info.start_time) / 60_000
+    evaluations, unread = [], []
+    for r, until in zip(used, untils, strict=True):  # the evaluations' replies, by the same rule
+        try:
+            evaluations += [ev for ev in _evaluations(client, r.info.run_id) if ev["step"] < until]
+        except (MlflowException, OSError) as e:
+            unread.append(f"{r.info.run_id}: {e}")
     series = {}
     for k, by_step in points.items():
         steps = sorted(by_step)
@@ -135,9 +148,23 @@ def load_run(tracking_uri: str, run_name: str | None = None, run_id: str | None 
                      "later run redid are taken from it, and time between runs is not counted")  # fmt: skip
     if len(used) < len(runs):
         notes.append(f"{len(runs) - len(used)} earlier run(s) of this name were started over from step 0 and are left out")
+    if unread:
+        notes.append(f"the evaluations' replies could not be read ({'; '.join(unread)})")
     return RunData(name=runs[-1].info.run_name, run_ids=[r.info.run_id for r in used], experiment=experiment,
                    tracking_uri=tracking_uri, status=runs[-1].info.status, params=dict(runs[-1].data.params),
-                   series=series, wall_min=offset_min, notes=notes)  # fmt: skip
+                   series=series, wall_min=offset_min, notes=notes,
+                   evaluations=sorted(evaluations, key=lambda e: e["step"]))  # fmt: skip
+
+
+def _evaluations(client, run_id: str) -> list[dict]:
+    """The replies a run's held-out evaluations kept (`Tracker.log_evaluation`); [] for a run that kept none."""
+    import tempfile
+
+    if not client.list_artifacts(run_id, "evaluations"):
+        return []
+    with tempfile.TemporaryDirectory(prefix="dapo-report-") as tmp:
+        local = Path(client.download_artifacts(run_id, "evaluations", tmp))
+        return [json.loads(f.read_text()) for f in sorted(local.glob("step_*.json"))]
 
 
 def _runs_named(client, name: str) -> list:
@@ -206,14 +233,14 @@ class _Plotter:
         self.k = run.param("eval.n", "k")
 
     def figure(self, rows: int, cols: int, title: str, note: str, size: tuple[float, float], smoothed: bool = True,
-               widths: tuple[float, ...] | None = None):  # fmt: skip
+               widths: tuple[float, ...] | None = None, note_color: str = "#444444"):  # fmt: skip
         fig = self.Figure(figsize=size, layout="constrained")
         self.Canvas(fig)  # PNGs are rendered by Agg, with no GUI backend
         fig.suptitle(f"{title} — run {self.run.name}", fontsize=13, fontweight="bold")
         smoothing = (f"Faint lines: each step's value; bold lines: moving average over {self.window} steps. "
                      if smoothed and self.window > 1 else "")  # fmt: skip
         # A figure-level x label is the one text below the panels that constrained layout makes room for.
-        fig.supxlabel(textwrap.fill(smoothing + note, width=int(size[0] * 15)), fontsize=9, color="#444444")
+        fig.supxlabel(textwrap.fill(smoothing + note, width=int(size[0] * 15)), fontsize=9, color=note_color)
         axes = fig.subplots(rows, cols, squeeze=False, width_ratios=widths)
         return fig, axes.ravel()
 
@@ -332,11 +359,14 @@ def fig_clip_solve_all(p: _Plotter, path: Path) -> Path:
 
 
 def fig_training_curves(p: _Plotter, path: Path) -> Path:
-    """DAPO Fig. 7: length, reward, entropy and token probability, plus held-out accuracy, per step."""
+    """DAPO Fig. 7: length, reward, entropy and token probability, plus held-out accuracy, per step; its note
+    is the hack alarm (`alarm_note`) where it was up."""
     run = p.run
+    alarm = alarm_note(run)  # the curves may then measure a reward hack: no "healthy" reading of them
     fig, axes = p.figure(2, 3, "Training curves (cf. DAPO Fig. 7)",
-                         "Healthy: reward and held-out accuracy rise together, length stays below the limit with few "
-                         "truncations, entropy neither collapses to 0 nor explodes.", (15, 8.2))  # fmt: skip
+                         alarm or "Healthy: reward and held-out accuracy rise together, length stays below the limit "
+                         "with few truncations, entropy neither collapses to 0 nor explodes.", (15, 8.2),
+                         note_color="#d7191c" if alarm else "#444444")  # fmt: skip
     limit = run.param("rollout.max_response_length")
     panels = [
         ("response_length/mean", "Mean response length", "tokens", "#2c7bb6", 1),
@@ -493,6 +523,72 @@ def _on_steps(s: Series, steps: list[int]) -> list[float]:
 # --- the summary -------------------------------------------------------------------------------------
 
 
+def alarm_points(run: RunData) -> dict[str, list[tuple[int, float]]]:
+    """Where the hack alarm was up (`dapo_ray.replies.alarm_up` with the run's reward.alarm_share):
+    {"held-out evaluation": [(step, share of rewarded replies not stating the reference)], "step": [...]}.
+    Where the count of rewarded replies was not logged, the share alone decides."""
+    share = run.param("reward.alarm_share", 0.2)
+    out = {}
+    for where, ratio_key, count_key in (("held-out evaluation", "eval/unstated_rewarded_ratio", "eval/rewarded_samples"),
+                                        ("step", "reward/unstated_rewarded_ratio", "reward/rewarded_responses")):  # fmt: skip
+        counts = _by_step(run, count_key)
+        out[where] = [(st, v) for st, v in _by_step(run, ratio_key).items()
+                      if alarm_up(v, counts.get(st, ALARM_MIN_REWARDED), share)]  # fmt: skip
+    return out
+
+
+def alarm_note(run: RunData) -> str:
+    """A sentence on the hack alarm when it was up at some evaluation or step; "" when it never was."""
+    points = alarm_points(run)
+    if not any(points.values()):
+        return ""
+    at = " and ".join(f"{len(v)} {where}{'s' if len(v) > 1 else ''} (first at step {v[0][0]}: {v[0][1]:.0%})"
+                      for where, v in points.items() if v)  # fmt: skip
+    return (f"HACK ALARM at {at}: more than {run.param('reward.alarm_share', 0.2):.0%} of the replies the scorer "
+            "rewarded did not state the reference answer. The reward may pay something other than right answers, "
+            "and these curves may measure a reward hack rather than learning: read the replies (summary.md, "
+            "'What the model says').")  # fmt: skip
+
+
+def replies_section(run: RunData) -> list[str]:
+    """"What the model says": per evaluation, the share of rewarded replies not stating the reference
+    answer; the commonest reply shapes at the first and the last evaluation; every evaluation's sample of
+    replies."""
+    k = run.param("eval.n", "k")
+    lines = ["", "## What the model says", ""]
+    ratio = run.series.get("eval/unstated_rewarded_ratio")
+    if not ratio:
+        return lines + ["The held-out evaluations of this run kept no replies (no evaluation, or written by a "
+                        "version of dapo-ray before they did)."]  # fmt: skip
+    avg, count = _by_step(run, "eval/avg_at_k"), _by_step(run, "eval/rewarded_samples")
+    lines += [f"Replies judged right that do not state the reference answer (`states_reference`): a reward that pays "
+              f"them pays something other than right answers. The hack alarm is up above "
+              f"{run.param('reward.alarm_share', 0.2):.0%} (reward.alarm_share) of at least {ALARM_MIN_REWARDED} "
+              "rewarded replies.", "",
+              f"| step | avg@{k} | samples judged right | of them not stating the reference |", "|---|---|---|---|"]  # fmt: skip
+    for st, v in zip(ratio.step, ratio.value, strict=True):
+        a = f"{avg[st]:.1%}" if st in avg else "-"
+        lines.append(f"| {st} | {a} | {int(count[st]) if st in count else '-'} | {v:.1%} |")
+    evals = run.evaluations
+    if not evals:
+        return lines + ["", "The replies themselves were not stored with this run (MLflow `evaluations/` artifacts)."]
+    shown = [(evals[0], "first evaluation")] + ([(evals[-1], "last evaluation")] if len(evals) > 1 else [])
+    for e, which in shown:
+        lines += ["", f"### Commonest reply shapes at step {e['step']} ({which})", "",
+                  "Each reply on one line, digits written N, out of all the evaluation's replies:", "",
+                  shapes_table(e["shapes"])]  # fmt: skip
+    for i, e in enumerate(evals):  # every evaluation's sample, in full
+        which = " (first evaluation)" if i == 0 else " (last evaluation)" if i == len(evals) - 1 else ""
+        lines += ["", f"### Replies at step {e['step']}{which}", "",
+                  f"The first reply of each of the first {len(e['replies'])} problems:", "", replies_table(e["replies"])]  # fmt: skip
+    return lines
+
+
+def _by_step(run: RunData, key: str) -> dict[int, float]:
+    s = run.series.get(key)
+    return dict(zip(s.step, s.value, strict=True)) if s else {}
+
+
 def phase_split(run: RunData) -> dict[str, dict[str, float]]:
     """Per phase: its median seconds per step and its share of the summed step time."""
     sums = {k: sum(v for v in run.series[k].value if math.isfinite(v)) for k in PHASE_LABELS if k in run.series}
@@ -559,6 +655,8 @@ def summary_markdown(run: RunData, pngs: list[tuple[str, str, str]]) -> str:
                  + (f"; training steps alone {step_sum:.1f} min (sum of timing/step_s)" if step_sum else ""))  # fmt: skip
     if n_steps and n_steps < 10:
         lines.append(f"- Only {n_steps} step{'s' if n_steps > 1 else ''}: too few to show trends.")
+    if alarm := alarm_note(run):
+        lines.append(f"- **{alarm}**")
 
     lines += ["", "## Key switches", "", "| | value |", "|---|---|"]
     for label, keys in SWITCHES:
@@ -578,6 +676,7 @@ def summary_markdown(run: RunData, pngs: list[tuple[str, str, str]]) -> str:
         for st, t, v in zip(avg.step, avg.minutes, avg.value, strict=True):
             p = f"{pass_at[st]:.1%}" if st in pass_at else "-"
             lines.append(f"| {st} | {t:.1f} min | {v:.1%} | {p} |")
+    lines += replies_section(run)
 
     lines += ["", "## Dynamic sampling", ""]
     if "dynamic_sampling/generated_groups" in s:

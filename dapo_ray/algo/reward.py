@@ -206,6 +206,9 @@ def _dapo(response: str, ground_truth: str, strict: bool) -> Score:
     return _verdict(pred == gt, pred)
 
 
+_PROSE_RE = re.compile(r"[A-Za-z]{2,}")  # an answer in words, read as free text; `1#3` is not
+
+
 def _verdict(acc: bool, pred: str) -> Score:
     return {"score": 1.0 if acc else -1.0, "acc": acc, "pred": pred}
 
@@ -223,7 +226,7 @@ def _stated(tail: str, truth) -> Score:
         return _invalid() if value is None else _verdict(value == truth, str(value))
     text = normalize_final_answer(answer, thousands_only=True)
     value = stated_answer(text)
-    if value is None:  # `Answer: the distance is 12 km` states 12; `Answer: 14 + 3` states nothing
+    if value is None and _PROSE_RE.search(answer):  # `Answer: the distance is 12 km` states 12
         value = stated_number(answer)
     if value is None:
         return _invalid() if not text else _verdict(False, text[:MAX_ANSWER_CHARS])

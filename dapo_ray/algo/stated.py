@@ -101,8 +101,9 @@ def stated_number(text: str) -> Fraction | None:
 
 def stated_answer(answer: str) -> Fraction | None:
     """The value of an extracted answer (an `Answer:` line or a `\\boxed{}`, normalised by the caller)
-    when it is one number as written; a trailing full stop is allowed. `14+3` -> None."""
-    return parse_number(answer.strip().removesuffix("."))
+    when it is one number as written; a trailing full stop or percent sign is allowed (`25\\%` is 25).
+    `14+3` -> None."""
+    return parse_number(answer.strip().removesuffix(".").removesuffix("%").removesuffix("\\"))
 
 
 def _numbers_in(text: str) -> list[Fraction]:
@@ -111,7 +112,7 @@ def _numbers_in(text: str) -> list[Fraction]:
     for m in _NUMBER_RE.finditer(text):
         if (value := parse_number(m.group())) is not None:
             out.append(value)
-            if text[: m.start()].rstrip().endswith("-"):
+            if text[max(0, m.start() - 8) : m.start()].rstrip().endswith("-"):  # a few characters: linear time
                 out.append(-value)
     return out
 

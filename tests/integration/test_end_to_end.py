@@ -104,12 +104,33 @@ def test_max_policy_lag_0_trains_strictly_on_policy_and_stops_at_the_generation_
     before, final = summary["evals"][0], summary["evals"][-1]
     assert before["train_s"] == before["eval_s"] == 0.0
     assert 0.0 < final["eval_s"] == summary["eval_s"] < final["train_s"]
+    _check_replies(tmp_path / "on-policy", [0, *steps])
     for entry in summary["steps_log"]:
         m = entry["metrics"]
+        assert 0.0 <= m["reward/unstated_rewarded_ratio"] <= 1.0 and not check_known(m)
         assert m["rollout/policy_version_lag_max"] == 0 and m["actor/off_policy_token_frac"] == 0.0
         assert m["timing/wait_batch_s"] >= m["timing/generate_s"]  # nothing generated ahead of time
         assert m["weight_sync/logprob_max_diff"] < 1e-4
     assert_ledger_balances(summary)
+
+
+def _check_replies(out: Path, steps: list[int]) -> None:
+    """Each held-out evaluation's replies are stored with the MLflow run (evaluations/step_N.json, and a
+    table of them), and the run's report shows them."""
+    import json
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{out / 'mlflow.db'}")
+    run_id = next(r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])).info.run_id
+    stored = {f.path for f in client.list_artifacts(run_id, "evaluations")}
+    assert {f"evaluations/step_{s:06d}.json" for s in steps} | {"evaluations/replies.json"} <= stored, stored
+    last = f"evaluations/step_{steps[-1]:06d}.json"
+    record = json.loads(Path(client.download_artifacts(run_id, last, str(out / "artifacts"))).read_text())
+    assert record["step"] == steps[-1] and len(record["replies"]) == 8  # data.synthetic.num_eval problems
+    assert sum(s["count"] for s in record["shapes"]) <= 8 * 2 and record["replies"][0]["problem"]
+    md = (out / "report" / "summary.md").read_text()
+    assert "## What the model says" in md and "### Replies at step 0 (first evaluation)" in md
 
 
 def test_resume_continues_from_the_checkpoint(tiny_model_dir, ray_cluster, tmp_path):

@@ -27,8 +27,16 @@ def _check_report(out: Path, problems: int, k: int) -> dict:
     assert report["pass_at_k"] == pytest.approx(sum(p["correct"] > 0 for p in rows) / problems)
     assert report["maj_at_k"] == pytest.approx(sum(p["maj_score"] for p in rows) / problems)
     assert report["avg_at_k"] <= report["pass_at_k"] and report["maj_at_k"] <= report["pass_at_k"]
-    table = out.with_suffix(".md").read_text().strip().splitlines()
-    assert sum(line.startswith("| ") for line in table) == problems + 1  # the header and one row each
+    blocks = [b.splitlines() for b in out.with_suffix(".md").read_text().split("\n\n")]
+    per_problem, shapes, replies = [b for b in blocks if b[0].startswith("| ")]  # the three tables
+    assert per_problem[0].startswith("| id |") and len(per_problem) == problems + 2  # header, rule, a row each
+    # What the model says: the commonest shapes of all replies, and the first reply of each problem, in full.
+    assert sum(s["count"] for s in report["shapes"]) <= problems * k and report["shapes"][0]["count"] >= 1
+    assert shapes[0].startswith("| share |") and replies[0].startswith("| problem |")
+    assert len(report["replies"]) == min(problems, 32) == len(replies) - 2
+    assert all(isinstance(r["reply"], str) and r["ground_truth"] and isinstance(r["states_reference"], bool)
+               for r in report["replies"])
+    assert 0.0 <= report["unstated_rewarded_ratio"] <= 1.0
     # What the command started is gone (ray.kill returns before the actor is gone); the cluster it joined is not.
     assert ray.is_initialized() and APP_NAME not in serve.status().applications
     deadline = time.time() + 30

@@ -27,9 +27,10 @@ SPEC = ScoringSpec("dapo", max_response_length=20, soft_overlong=True, overlong_
 
 
 def result(preds: list[str], gt: str, uid: str = "p") -> ProblemResult:
-    """A problem whose samples answered `preds`; a sample is correct when its answer is `gt`."""
+    """A problem whose samples answered `preds` (`Answer: <pred>`); a sample is correct when its answer is `gt`."""
     return ProblemResult(uid=uid, problem="", ground_truth=gt, acc=tuple(p == gt for p in preds), preds=tuple(preds),
-                         lengths=(4,) * len(preds), truncated=(False,) * len(preds))  # fmt: skip
+                         texts=tuple(f"Answer: {p}" for p in preds), lengths=(4,) * len(preds),
+                         truncated=(False,) * len(preds))  # fmt: skip
 
 
 def test_avg_best_and_maj_at_k():
@@ -80,6 +81,7 @@ def test_a_scored_row_votes_on_the_verifiers_extracted_answers():
            "finish_reasons": ["stop", "stop", "stop", "stop", "length"], "policy_version": 0}  # fmt: skip
     r = problem_result(score_group(row, SPEC), "dapo")
     assert r.preds == ("25", "24", "24", "25", INVALID)
+    assert r.texts == tuple(row["texts"])  # kept, for the replies an evaluation shows
     assert (r.correct, r.k, r.truncated) == (2, 5, (False, False, False, False, True))
     assert r.vote.answers == ("25", "24") and r.vote.score == 0.5
     d = r.to_dict()

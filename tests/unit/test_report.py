@@ -1,6 +1,7 @@
 """`dapo-ray report`: figures and summary from small MLflow SQLite runs written with the real metric names
 (through MlflowClient with set timestamps, and through the trainer's own Tracker)."""
 
+import json
 import shutil
 import struct
 import subprocess
@@ -11,7 +12,7 @@ import pytest
 
 from dapo_ray import cli
 from dapo_ray.metrics import METRICS, Tracker, end_failed_run
-from dapo_ray.report import FIGURES, load_run, resolve_source
+from dapo_ray.report import FIGURES, alarm_note, load_run, resolve_source
 
 PHASES = {"phase/generate_s": 0.2, "phase/old_logprob_s": 0.3, "phase/update_s": 1.0, "phase/publish_s": 0.1,
           "phase/sync_s": 0.3, "phase/other_s": 0.1}  # fmt: skip
@@ -53,7 +54,8 @@ def step_metrics(step: int) -> dict[str, float]:
 
 
 def eval_metrics(step: int) -> dict[str, float]:
-    return {"eval/avg_at_k": 0.1 + step / 100, "eval/pass_at_k": 0.5 + step / 200}
+    return {"eval/avg_at_k": 0.1 + step / 100, "eval/pass_at_k": 0.5 + step / 200, "eval/rewarded_samples": 13,
+            "eval/unstated_rewarded_ratio": 0.0}  # fmt: skip
 
 
 def write_run(db: Path, name: str, steps: range, eval_every: int, start_ms: int = T0, step_ms: int = 3000) -> str:
@@ -110,6 +112,9 @@ def test_report_of_a_run_directory(tmp_path, new_db):
     assert "| Clip-Higher: eps_low / eps_high (Eq. 10) | 0.2 / 0.28 |" in md
     assert "avg@8 10.0% at step 0 -> 50.0% at step 40 (best 50.0% at step 40)" in md
     assert "| 20 | 1.0 min | 30.0% | 60.0% |" in md  # 1 s + 20 x 3 s + 0.5 s
+    assert "## What the model says" in md and "| 20 | 30.0% | 13 | 0.0% |" in md
+    assert "The replies themselves were not stored with this run" in md  # no evaluations/ artifacts: still a report
+    assert "HACK ALARM" not in md
     assert "Kept 720 of 1200 generated groups (60.0%) in 48 rounds" in md
     assert "filtered out (all right or all wrong): 480;" in md and "trained on a partial batch (cap hit): 1." in md
     assert "Median step 2.00 s." in md
@@ -136,6 +141,61 @@ def test_a_short_run_without_evaluation_written_by_the_tracker(tmp_path, new_db,
         assert "Only 1 step: too few to show trends." in md and "Kept 18 of 30 generated groups" in md
     else:
         assert "Steps: none logged yet" in md
+
+
+def test_a_run_whose_reward_pays_restated_questions_raises_the_alarm(tmp_path, new_db, monkeypatch):
+    """The replies of the evaluations (Tracker.log_evaluation) in summary.md, and the hack alarm in place of
+    the training curves' "healthy" note: from step 5 on, most rewarded replies restate the question."""
+    import dapo_ray.report as report_module
+
+    def said(step: int, reply: str, states: bool) -> dict:
+        sample = [{"uid": f"p:{i}", "problem": f"What is {i} + 3?", "ground_truth": str(i + 3), "reply": reply.format(i, i + 3),
+                   "pred": str(i + 3), "acc": True, "states_reference": states} for i in range(10, 13)]  # fmt: skip
+        shape = "Answer: N" if states else "N + N = ?"
+        return {"step": step, "k": 8, "avg_at_k": 0.5, "unstated_rewarded_ratio": 0.0 if states else 0.9,
+                "rewarded_samples": 40, "shapes": [{"shape": shape, "share": 0.9, "count": 90}], "replies": sample}  # fmt: skip
+
+    run_dir = tmp_path / "hacked"
+    tracker = Tracker(True, f"sqlite:///{new_db(run_dir / 'mlflow.db')}", "dapo-ray-test", "hacked", PARAMS)
+    for step in range(0, 11):
+        hacked = step >= 5
+        if step:
+            tracker.log(step_metrics(step) | {"reward/rewarded_responses": 100,
+                                              "reward/unstated_rewarded_ratio": 0.6 if hacked else 0.0}, step=step)  # fmt: skip
+        if step % 5 == 0:
+            record = said(step, "{0} + 3 = ?<|im_end|>" if hacked else "Answer: {1}", not hacked)
+            tracker.log(eval_metrics(step) | {"eval/unstated_rewarded_ratio": record["unstated_rewarded_ratio"],
+                                              "eval/rewarded_samples": 40}, step=step)  # fmt: skip
+            tracker.log_evaluation(record, step=step)
+    tracker.close()
+
+    run = load_run(f"sqlite:///{run_dir / 'mlflow.db'}", run_name="hacked")
+    assert [e["step"] for e in run.evaluations] == [0, 5, 10]
+    # The run's page shows one table of the replies, each evaluation's appended with its step.
+    from mlflow import MlflowClient
+
+    table = MlflowClient(run.tracking_uri).download_artifacts(run.run_ids[0], "evaluations/replies.json", str(tmp_path))
+    table = json.loads(Path(table).read_text())
+    assert [row[table["columns"].index("step")] for row in table["data"]] == [0, 0, 0, 5, 5, 5, 10, 10, 10]
+    note = alarm_note(run)
+    assert note.startswith("HACK ALARM at 2 held-out evaluations (first at step 5: 90%) and 6 steps (first at step 5: "
+                           "60%): more than 20% of the replies the scorer rewarded did not state the reference answer")  # fmt: skip
+    notes = []
+    figure = report_module._Plotter.figure
+    monkeypatch.setattr(report_module._Plotter, "figure", lambda self, r, c, title, note, *a, **kw: (
+        notes.append((title, note)), figure(self, r, c, title, note, *a, **kw))[1])  # fmt: skip
+    md = (report(run_dir) / "summary.md").read_text()
+    assert dict(notes)["Training curves (cf. DAPO Fig. 7)"] == note
+
+    top = md.split("## Key switches")[0]
+    assert f"- **{note}**" in top
+    section = md.split("## What the model says")[1].split("## Dynamic sampling")[0]
+    assert "| 5 | 15.0% | 40 | 90.0% |" in section
+    assert "### Commonest reply shapes at step 0 (first evaluation)" in section
+    assert "### Commonest reply shapes at step 10 (last evaluation)" in section and "| 90.0% | 90 | N + N = ? |" in section
+    assert "### Replies at step 10 (last evaluation)" in section
+    assert "| What is 10 + 3? | 13 | 10 + 3 = ?&lt;\\|im_end\\|> | 13 | right | no |" in section
+    assert "| What is 12 + 3? | 15 | Answer: 15 | 15 | right | yes |" in section  # step 0's sample
 
 
 def test_a_resumed_run_is_joined_by_step(tmp_path, new_db):
