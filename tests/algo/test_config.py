@@ -200,3 +200,22 @@ def test_a_sequence_longer_than_the_models_context_is_refused(tmp_path):
     # A model directory that is not on this machine (a cluster path) is left to the cluster.
     check_model_fits(load_config(overrides=[*fits, "rollout.model_path=/models/elsewhere", "rollout.max_response_length=999",
                                             "algorithm.overlong_cache_length=100"]))  # fmt: skip
+
+
+
+def test_fastest_dtype_is_bf16_only_where_the_hardware_computes_in_it(monkeypatch, tmp_path):
+    from dapo_ray import config
+
+    assert config.fastest_dtype("gpu", "flags : avx2") == "bfloat16"
+    assert config.fastest_dtype("cpu", "processor : 0\nflags\t\t: fpu avx2 amx_bf16 amx_tile\n") == "bfloat16"
+    assert config.fastest_dtype("cpu", "flags : fpu avx2 avx512f avx512_vnni") == "float32"
+    cpuinfo = tmp_path / "cpuinfo"
+    monkeypatch.setattr(config, "CPUINFO", str(cpuinfo))
+    for flags, dtype in (("avx2 avx512_bf16", "bfloat16"), ("avx2 avx512f", "float32")):
+        cpuinfo.write_text(f"processor : 0\nflags : {flags}\n")
+        cfg = load_config(ROOT / "workflows" / "configs" / "smollm2_cpu.yaml")
+        assert (cfg.rollout.dtype, cfg.trainer.dtype) == (dtype, dtype)
+        pinned = load_config(ROOT / "workflows" / "configs" / "smollm2_cpu.yaml", ["rollout.dtype=float32"])
+        assert (pinned.rollout.dtype, pinned.trainer.dtype) == ("float32", dtype)
+    cpuinfo.unlink()  # no /proc/cpuinfo (not Linux): float32
+    assert load_config(ROOT / "workflows" / "configs" / "smollm2_cpu.yaml").trainer.dtype == "float32"

@@ -145,3 +145,11 @@ def test_a_number_truth_is_paid_only_when_the_reply_contains_it(reply, truth):
 )  # fmt: skip
 def test_states_reference(reply, truth, states):
     assert states_reference(reply, truth) is states
+
+
+def test_the_worked_examples_of_the_docstrings():
+    import doctest
+
+    import dapo_ray.algo.stated
+
+    assert doctest.testmod(dapo_ray.algo.stated).failed == 0
