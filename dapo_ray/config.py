@@ -528,7 +528,8 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         return value
     if tp is str and isinstance(value, str):
         return value
-    raise ConfigError(f"config key '{key}' expects {_type_name(tp)}, got {value!r}")
+    quote = f" (YAML reads the value as {type(value).__name__}: quote it, {key}=\"'...'\")" if tp is str else ""
+    raise ConfigError(f"config key '{key}' expects {_type_name(tp)}, got {value!r}{quote}")
 
 
 def _build(cls: type, data: dict, prefix: str = "") -> Any:
@@ -559,7 +560,10 @@ def apply_override(tree: dict, override: str) -> None:
         node = node.setdefault(k, {})
         if not isinstance(node, dict):
             raise ConfigError(f"override {override!r}: '{k}' is not a section")
-    node[keys[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    try:
+        node[keys[-1]] = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:  # `operators=*` (an alias marker to YAML): the text as written
+        node[keys[-1]] = raw
 
 
 def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = ()) -> Config:

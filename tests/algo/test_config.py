@@ -219,3 +219,11 @@ def test_fastest_dtype_is_bf16_only_where_the_hardware_computes_in_it(monkeypatc
         assert (pinned.rollout.dtype, pinned.trainer.dtype) == ("float32", dtype)
     cpuinfo.unlink()  # no /proc/cpuinfo (not Linux): float32
     assert load_config(ROOT / "workflows" / "configs" / "smollm2_cpu.yaml").trainer.dtype == "float32"
+
+
+def test_an_override_yaml_cannot_read_is_taken_as_written_and_a_misread_one_says_to_quote_it():
+    assert load_config(ROOT / "workflows" / "configs" / "smollm2_cpu.yaml", ["data.synthetic.operators=*"]).data.synthetic.operators == "*"
+    with pytest.raises(ConfigError, match="quote it"):
+        load_config(ROOT / "workflows" / "configs" / "smollm2_cpu.yaml", ["data.synthetic.operators=-"])
+    quoted = load_config(ROOT / "workflows" / "configs" / "smollm2_cpu.yaml", ["data.synthetic.operators='-'"])
+    assert quoted.data.synthetic.operators == "-"
