@@ -9,7 +9,7 @@ export DS_ACCELERATOR ?= cpu
 setup:            ## build .venv from scratch (fast no-op when up to date)
 	bash scripts/setup.sh
 
-demo: setup       ## set up, then run the DAPO demo (SmolLM2-135M-Instruct, 12-17 min) on a local Ray cluster
+demo: setup       ## set up, then run the DAPO demo (SmolLM2-135M-Instruct, about 22 min on 2 cores) on a local Ray cluster
 	$(VENV)/bin/dapo-ray demo --config workflows/configs/smollm2_cpu.yaml
 
 demo-tiny: setup  ## the fast path: the same recipe on a 0.6M-parameter model built here (about 8 min)
