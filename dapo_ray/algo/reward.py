@@ -215,8 +215,8 @@ def _verdict(acc: bool, pred: str) -> Score:
 
 def _stated(tail: str, truth) -> Score:
     """A number ground truth `truth` against the number the reply states (`dapo_ray.algo.stated`): the
-    `Answer:` line (or the last `\\boxed{}`) when it is a number, else the number it states as free text
-    would; with neither, the free text's last number standing alone. An expression is never evaluated:
+    `Answer:` line (or the last `\\boxed{}`) when it is a number, or when written in words the number it
+    states read as free text; with neither, the free text's last number standing alone. An expression is never evaluated:
     `Answer: 14 + 3` is wrong for 17, and its `pred` is `14+3`."""
     answer = extract_answer_line(tail)
     if answer is None:
