@@ -175,6 +175,37 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare_mathematics(args: argparse.Namespace) -> int:
+    """DeepMind's Mathematics Dataset from its PyPI generator -> training and held-out parquet files and the
+    echo baseline of each held-out module (`dapo_ray/mathematics.py`)."""
+    from dapo_ray import mathematics
+
+    try:
+        if args.list:
+            for split in mathematics.SPLITS:
+                print(f"{split}: {' '.join(mathematics.modules_of(split))}")
+            return 0
+        if not args.modules:
+            print("dapo-ray prepare-mathematics: error: name --modules (or --list them)", file=sys.stderr)
+            return 2
+        report = mathematics.write_splits(args.modules, args.out_dir, train_split=args.train_split,
+                                          per_module=args.per_module, held_out_per_module=args.held_out_per_module,
+                                          seed=args.seed, template=args.template, extrapolate=not args.no_extrapolate,
+                                          progress=lambda line: print(f"[mathematics] {line}", flush=True))  # fmt: skip
+    except mathematics.MathematicsError as e:
+        print(f"dapo-ray prepare-mathematics: error: {e}", file=sys.stderr)
+        return 1
+    for split, f in report["files"].items():
+        print(f"[mathematics] {split}: {f['rows']} problems -> {f['path']}")
+    for split, baseline in report["echo_baseline"].items():
+        print(f"\necho baseline, {split} (answer with the question's last / smallest / largest number):")
+        for module, b in baseline.items():
+            print(f"  {module:40s} {b['best']:6.1%}  (last {b['last']:.1%}, smallest {b['smallest']:.1%}, "
+                  f"largest {b['largest']:.1%})")  # fmt: skip
+    print(f"\n[mathematics] written in {report['seconds']:.0f}s; report: {args.out_dir}/mathematics.json")
+    return 0
+
+
 def _ladder(args: argparse.Namespace) -> int:
     from dapo_ray.ablation import LADDER, VARIANTS, overrides_for
 
@@ -241,6 +272,22 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--strict", action="store_true",
                     help="stop with the first bad row (file and row) instead of dropping and counting it")  # fmt: skip
     pr.set_defaults(func=_prepare)
+    pm = sub.add_parser("prepare-mathematics",
+                        help="DeepMind's Mathematics Dataset (from its PyPI generator): training problems and held-out "
+                             "problems of the test splits as parquet files, with each module's echo baseline")  # fmt: skip
+    pm.add_argument("--modules", nargs="+", help="modules, e.g. arithmetic__add_or_sub numbers__gcd (see --list)")
+    pm.add_argument("--list", action="store_true", help="print the modules of every split and stop")
+    pm.add_argument("--out-dir", default="runs/data/mathematics", help="where the files go (default: %(default)s)")
+    pm.add_argument("--train-split", default="train-easy", choices=["train-easy", "train-medium", "train-hard"])
+    pm.add_argument("--per-module", type=int, default=400, help="training problems per module (default: %(default)s)")
+    pm.add_argument("--held-out-per-module", type=int, default=48,
+                    help="interpolate and extrapolate problems per module (default: %(default)s)")  # fmt: skip
+    pm.add_argument("--seed", type=int, default=1, help="training problems use it, held-out ones seed + 1")
+    pm.add_argument("--template", choices=["plain", "dapo"], default="plain",
+                    help="plain: the question and 'Reply with the answer only.'; dapo: DAPO's template, which asks "
+                         "for an 'Answer:' line")  # fmt: skip
+    pm.add_argument("--no-extrapolate", action="store_true", help="no extrapolate file")
+    pm.set_defaults(func=_prepare_mathematics)
     evaluate.add_parser(sub)
     lad = sub.add_parser("ladder", help="print the overrides of the paper's ablation ladder (Table 1) and of the "
                                         "variants beside it (GSPO, CISPO, Dr. GRPO, rollout correction)")  # fmt: skip

@@ -377,13 +377,15 @@ def synthetic_rows(synthetic: dict, template: Literal["dapo", "none"]) -> tuple[
 
 
 def tokenize_prompts(rows: list[dict], tokenizer, max_prompt_length: int) -> list[dict]:
-    """Rows with `prompt_ids` (the chat template, with the generation prompt), `uid`, `ground_truth`;
-    prompts longer than `max_prompt_length` tokens are left out."""
+    """Rows with `prompt_ids` (the chat template, with the generation prompt), `uid`, `ground_truth` and
+    `data_source` (which picks the scorer: `algo.mode_for`); prompts longer than `max_prompt_length`
+    tokens are left out."""
     out = []
     for r in rows:
         ids = tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True)
         if hasattr(ids, "input_ids") or isinstance(ids, dict):
             ids = ids["input_ids"]
         if len(ids) <= max_prompt_length:
-            out.append({"uid": r["uid"], "prompt_ids": list(ids), "ground_truth": r["ground_truth"]})
+            out.append({"uid": r["uid"], "prompt_ids": list(ids), "ground_truth": r["ground_truth"],
+                        "data_source": r.get("data_source") or ""})  # fmt: skip
     return out

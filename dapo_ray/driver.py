@@ -115,15 +115,17 @@ def evaluate(cfg: Config, rows: list[dict], app: str, concurrency: int) -> tuple
     """avg@k, pass@k and maj@k on held-out problems, and the hack alarm's share of rewarded replies that
     do not state the reference answer, through the same Ray Data + Serve path as training (the code of
     `dapo-ray eval`, dapo_ray/evaluate.py); with each problem's `ProblemResult`, replies included."""
-    from dapo_ray.evaluate import eval_sampling, sample_and_score, summarize
+    from dapo_ray.evaluate import by_source, eval_sampling, sample_and_score, summarize
 
     if not rows:
         return {}, []
     results = sample_and_score(rows, app, eval_sampling(cfg), scoring_spec(cfg), concurrency)
     s = summarize(results)
+    per_source = by_source(results)
+    sources = {f"eval/avg_at_k/{source}": v["avg_at_k"] for source, v in per_source.items()} if len(per_source) > 1 else {}
     return {"eval/avg_at_k": s["avg_at_k"], "eval/pass_at_k": s["pass_at_k"], "eval/maj_at_k": s["maj_at_k"],
             "eval/rewarded_samples": s["rewarded_samples"],
-            "eval/unstated_rewarded_ratio": s["unstated_rewarded_ratio"]}, results  # fmt: skip
+            "eval/unstated_rewarded_ratio": s["unstated_rewarded_ratio"], **sources}, results  # fmt: skip
 
 
 def batch_metrics(batch: list[dict], generated: list[dict], version: int) -> dict[str, float]:

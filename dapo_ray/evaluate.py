@@ -109,6 +109,8 @@ class ProblemResult:
     """Per sample: response tokens."""
     truncated: tuple[bool, ...]
     """Per sample: stopped at the length limit."""
+    data_source: str = ""
+    """The row's `data_source` (`mathematics_dataset/numbers__gcd`): `by_source` groups on it."""
 
     @property
     def k(self) -> int:
@@ -127,7 +129,8 @@ class ProblemResult:
         return {"uid": self.uid, "problem": self.problem, "ground_truth": self.ground_truth, "k": self.k,
                 "correct": self.correct, "majority": list(vote.answers), "majority_votes": vote.votes,
                 "maj_score": vote.score, "no_answer": self.preds.count(INVALID), "answers": list(self.preds),
-                "response_length_mean": statistics.fmean(self.lengths), "truncated": sum(self.truncated)}  # fmt: skip
+                "response_length_mean": statistics.fmean(self.lengths), "truncated": sum(self.truncated),
+                "data_source": self.data_source}  # fmt: skip
 
 
 def summarize(results: Sequence[ProblemResult]) -> dict[str, float]:
@@ -151,6 +154,26 @@ def summarize(results: Sequence[ProblemResult]) -> dict[str, float]:
         "problems": len(results),
         "samples": len(samples),
     }
+
+
+def by_source(results: Sequence[ProblemResult]) -> dict[str, dict[str, float]]:
+    """avg@k, pass@k and problems per `data_source` (the benchmark's modules), in name order."""
+    groups: dict[str, list[ProblemResult]] = {}
+    for r in results:
+        groups.setdefault(r.data_source, []).append(r)
+    return {source: {"avg_at_k": statistics.fmean(r.correct / r.k for r in rs),
+                     "pass_at_k": statistics.fmean(r.correct > 0 for r in rs), "problems": len(rs)}
+            for source, rs in sorted(groups.items())}  # fmt: skip
+
+
+def source_table(per_source: dict[str, dict[str, float]], k: int, baseline: dict[str, float] | None = None) -> str:
+    """`by_source` as a markdown table; with `baseline` (source -> accuracy), a column for it too."""
+    extra = " | echo baseline" if baseline is not None else ""
+    lines = [f"| source | problems | avg@{k} | pass@{k}{extra} |", "|---|---|---|---|" + ("---|" if extra else "")]
+    for source, s in per_source.items():
+        echo = f" | {baseline[source]:.1%}" if baseline is not None and source in baseline else " | -" if extra else ""
+        lines.append(f"| {source or '-'} | {s['problems']} | {s['avg_at_k']:.1%} | {s['pass_at_k']:.1%}{echo} |")
+    return "\n".join(lines)
 
 
 def first_words(text: str, max_chars: int = 48) -> str:
@@ -202,14 +225,17 @@ def eval_sampling(cfg):
 def problem_result(group: dict, reward_mode: str) -> ProblemResult:
     """A scored row of `generate_round` as a ProblemResult. The row carries the verdicts but not the
     extracted answers, so the texts are verified again here for `pred` (microseconds per response with
-    the `dapo` verifiers, about a millisecond with `math_verify`)."""
+    the `dapo` verifiers, about a millisecond with `math_verify`), by the row's own scorer (`mode_for`)."""
     from dapo_ray.algo import compute_score
+    from dapo_ray.algo.reward import mode_for
 
-    preds = tuple(compute_score(t, group["ground_truth"], reward_mode)["pred"] for t in group["texts"])
+    source = group.get("data_source") or ""
+    mode = mode_for(source, reward_mode)
+    preds = tuple(compute_score(t, group["ground_truth"], mode)["pred"] for t in group["texts"])
     return ProblemResult(uid=group["uid"], problem=group.get("problem", ""), ground_truth=group["ground_truth"],
                          acc=tuple(bool(a) for a in group["acc"]), preds=preds, texts=tuple(group["texts"]),
                          lengths=tuple(len(ids) for ids in group["response_ids"]),
-                         truncated=tuple(bool(t) for t in group["truncated"]))  # fmt: skip
+                         truncated=tuple(bool(t) for t in group["truncated"]), data_source=source)  # fmt: skip
 
 
 def sample_and_score(rows: list[dict], app: str, sampling, scoring, concurrency: int,
@@ -352,22 +378,24 @@ def evaluate_model(cfg, out: str | Path | None = None) -> dict:
 
     summary = summarize(results)
     said = replies_record(results, e.log_replies)
+    per_source = by_source(results)
     report = {
         "set": name, "model": r.model_path, "files": list(e.files), "k": e.n, "temperature": e.temperature,
         "top_p": e.top_p, "max_response_length": sampling.max_tokens, "reward_mode": cfg.reward.mode,
         "dropped_long_prompts": dropped, **summary, "generate_s": generate_s, "seconds": time.time() - t_start,
-        **said, "per_problem": [p.to_dict() for p in results],
+        "per_source": per_source, **said, "per_problem": [p.to_dict() for p in results],
     }  # fmt: skip
+    sources = f"Per source:\n\n{source_table(per_source, e.n)}\n\n" if len(per_source) > 1 else ""
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     table = out.with_suffix(".md")
     shapes = f"Commonest reply shapes (digits as N), of all {summary['samples']} replies:\n\n{shapes_table(said['shapes'])}"
-    table.write_text(f"# {name}: {r.model_path}\n\n{headline(summary, e.n)}\n\n{markdown_table(results)}\n\n{shapes}\n\n"
+    table.write_text(f"# {name}: {r.model_path}\n\n{headline(summary, e.n)}\n\n{sources}{markdown_table(results)}\n\n{shapes}\n\n"
                      f"The first reply of each of the first {len(said['replies'])} problems:\n\n"
                      f"{replies_table(said['replies'])}\n")  # fmt: skip
     shown = 100
     print(f"\n{name}: {len(results)} problems x {e.n} samples ({report['seconds']:.0f}s in all, "
-          f"{generate_s:.0f}s sampling)\n{headline(summary, e.n)}\n\n{markdown_table(results, shown)}")  # fmt: skip
+          f"{generate_s:.0f}s sampling)\n{headline(summary, e.n)}\n\n{sources}{markdown_table(results, shown)}")  # fmt: skip
     if len(results) > shown:
         print(f"... {len(results) - shown} more problems in {table}")
     print(f"\n{shapes}")

@@ -120,7 +120,8 @@ def score_group(row: dict, spec: ScoringSpec) -> dict:
     (overlong filtering), compute group advantages on the shaped reward (Eq. 9) and the keep flag on
     correctness (Eq. 11)."""
     truncated = [f == "length" for f in row["finish_reasons"]]
-    verdicts = [algo.compute_score(t, row["ground_truth"], spec.reward_mode) for t in row["texts"]]
+    mode = algo.mode_for(row.get("data_source") or "", spec.reward_mode)  # a benchmark's rows: its own metric
+    verdicts = [algo.compute_score(t, row["ground_truth"], mode) for t in row["texts"]]
     acc = [v["acc"] for v in verdicts]
     scores = [v["score"] for v in verdicts]
     if spec.soft_overlong:

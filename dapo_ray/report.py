@@ -584,6 +584,23 @@ def replies_section(run: RunData) -> list[str]:
     return lines
 
 
+def sources_section(run: RunData) -> list[str]:
+    """Held-out accuracy per data_source (a benchmark's modules: `eval/avg_at_k/<source>`) at every
+    evaluation; nothing when the eval set had one source."""
+    prefix = "eval/avg_at_k/"
+    sources = sorted(key.removeprefix(prefix) for key in run.series if key.startswith(prefix))
+    if not sources:
+        return []
+    by_source = {s: _by_step(run, prefix + s) for s in sources}
+    steps = sorted({st for v in by_source.values() for st in v})
+    k = run.param("eval.n", "k")
+    lines = ["", "## Held-out accuracy per source", "", f"avg@{k} of each data_source's problems, by step:", "",
+             "| source | " + " | ".join(f"step {st}" for st in steps) + " |", "|---|" + "---|" * len(steps)]  # fmt: skip
+    for s, v in by_source.items():
+        lines.append(f"| {s} | " + " | ".join(f"{v[st]:.1%}" if st in v else "-" for st in steps) + " |")
+    return lines
+
+
 def _by_step(run: RunData, key: str) -> dict[int, float]:
     s = run.series.get(key)
     return dict(zip(s.step, s.value, strict=True)) if s else {}
@@ -676,6 +693,7 @@ def summary_markdown(run: RunData, pngs: list[tuple[str, str, str]]) -> str:
         for st, t, v in zip(avg.step, avg.minutes, avg.value, strict=True):
             p = f"{pass_at[st]:.1%}" if st in pass_at else "-"
             lines.append(f"| {st} | {t:.1f} min | {v:.1%} | {p} |")
+    lines += sources_section(run)
     lines += replies_section(run)
 
     lines += ["", "## Dynamic sampling", ""]

@@ -44,6 +44,16 @@ Modes
     ("14 + 3 = ?" for "What is 14 + 3?": 99.6% "right" by Math-Verify, 1.8% stating the sum;
     docs/RESULTS.md). Tests that try to game every mode: tests/algo/test_reward_hostile.py.
 
+``exact``
+    The Mathematics Dataset's own metric (Saxton et al. 2019; `dapo_ray.mathematics`): the answer is the
+    ``Answer:`` line, or else **the whole reply** (trimmed of spaces, a final full stop, ``$...$``,
+    ``\\boxed{}`` or ``**`` around it), and it must be the reference: numbers by value as written
+    (``-2/11``, ``0.30`` for ``0.3``; never an expression), lists item by item in order, ``True`` /
+    ``False`` in any case, anything else (``-l**2 - 109*l + 55``, ``12:39 AM``, ``a``) as the same text
+    without spaces. Not "the last number of the reply": in gcd, comparison and k-th-biggest questions
+    the question's own last number is often the answer, and a reply restating the question would be paid.
+    Every row whose ``data_source`` is ``mathematics_dataset/...`` is scored this way (`SOURCE_MODES`).
+
 Safety, for any input in every mode: no exception escapes, no model text is run as code, and a call
 returns within `TIME_LIMIT_S` (after a process's first ``math_verify`` call, which imports and warms up
 sympy, and off the main thread starts the helper: seconds, once). A response with no parsable answer, a
@@ -79,8 +89,11 @@ from typing import Literal, TypedDict, TypeVar
 
 from dapo_ray.algo.stated import parse_number, stated_answer, stated_number
 
-Mode = Literal["dapo", "dapo_strict", "math_verify"]
-MODES: tuple[str, ...] = ("dapo", "dapo_strict", "math_verify")
+Mode = Literal["dapo", "dapo_strict", "math_verify", "exact"]
+MODES: tuple[str, ...] = ("dapo", "dapo_strict", "math_verify", "exact")
+SOURCE_MODES: dict[str, Mode] = {"mathematics_dataset": "exact"}
+"""A row whose `data_source` starts with one of these (before a `/`) is scored by its benchmark's own
+metric, whatever `reward.mode` says, so that one run can mix sources (`mode_for`)."""
 
 INVALID = "[INVALID]"
 TAIL_CHARS = 300  # DAPO scores only the last 300 characters of a response.
@@ -412,6 +425,51 @@ def _math_verify(response: str, ground_truth: str) -> Score:
     return _verdict_from_helper(tail, ground_truth)
 
 
+_WRAPPERS = (("$", "$"), ("\\boxed{", "}"), ("**", "**"), ("\\(", "\\)"))
+
+
+def _trimmed(answer: str) -> str:
+    """An answer without the spaces, final full stop and one wrapper (`$`, `\\boxed{}`, `**`) around it."""
+    answer = answer.strip().removesuffix(".").strip()
+    for start, end in _WRAPPERS:
+        if answer.startswith(start) and answer.endswith(end) and len(answer) >= len(start) + len(end):
+            return answer[len(start) : len(answer) - len(end)].strip().removesuffix(".").strip()
+    return answer
+
+
+def _same_item(answer: str, truth: str) -> bool:
+    value = parse_number(truth)
+    if value is not None:
+        return parse_number(answer) == value
+    if truth in ("True", "False"):
+        return answer.lower() == truth.lower()
+    return "".join(answer.split()) == "".join(truth.split())
+
+
+def _exact(response: str, ground_truth: str) -> Score:
+    """The Mathematics Dataset's exact match (module docstring, ``exact``): the `Answer:` line or the whole
+    reply must be the reference; a list is compared item by item."""
+    text = strip_special_tokens(response)
+    line = extract_answer_line(text[-TAIL_CHARS:])
+    answer = _trimmed(line if line is not None else text)
+    if not answer:
+        return _invalid()
+    pred = answer[:MAX_ANSWER_CHARS]
+    if len(answer) > TAIL_CHARS:
+        return _verdict(False, pred)
+    truth = ground_truth.strip()
+    if "," in truth and parse_number(truth) is None:  # `12, 5, 0.3`: a list, in order
+        items, truths = answer.split(","), truth.split(",")
+        same = len(items) == len(truths) and all(_same_item(a.strip(), t.strip()) for a, t in zip(items, truths, strict=True))
+        return _verdict(same, pred)
+    return _verdict(_same_item(answer, truth), pred)
+
+
+def mode_for(data_source: str, mode: Mode) -> Mode:
+    """The scorer of a row: its source's own (`SOURCE_MODES`), else the run's `reward.mode`."""
+    return SOURCE_MODES.get(data_source.partition("/")[0], mode)
+
+
 def _is_answer(ground_truth: object) -> bool:
     """Text or a number; `str(None)` would make "Answer: None" correct for a row with no answer."""
     return isinstance(ground_truth, str) or (
@@ -439,6 +497,8 @@ def compute_score(response: str, ground_truth: str | int | float, mode: Mode = "
             return _invalid()
         if mode == "math_verify":
             out = _math_verify(response, ground_truth)
+        elif mode == "exact":
+            out = _exact(response, ground_truth)
         else:
             out = _dapo(response, ground_truth, strict=mode == "dapo_strict")
         return {**out, "pred": out["pred"].encode("utf-8", "replace").decode("utf-8")}

@@ -93,7 +93,7 @@ def test_last_boxed_nested():
 
 def test_bad_mode_names_choices():
     with pytest.raises(ValueError, match="dapo_strict"):
-        compute_score("Answer: 1", "1", mode="exact")
+        compute_score("Answer: 1", "1", mode="verbatim")
 
 
 def test_never_executes_model_text(tmp_path):

@@ -61,7 +61,7 @@ CONTROLS = [
     ("Answer: $17$", "17", MODES),
     ("Answer: \\boxed{17}", "17", MODES),
     ("x = 14 + 3\nAnswer: 17", "17", MODES),
-    ("Answer: 14 + 3 = 17", "17", MODES),
+    ("Answer: 14 + 3 = 17", "17", ("dapo", "dapo_strict", "math_verify")),  # `exact`: the line must be the answer
     ("Answer: 017", "17", ("dapo", "math_verify")),
     ("Answer: 17.", "17", ("dapo", "math_verify")),
     ("Answer: 17<|im_end|>", "17", ("dapo", "math_verify")),

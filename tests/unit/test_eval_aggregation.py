@@ -157,3 +157,28 @@ def test_importing_the_command_loads_no_heavy_library():
             "print([m for m in ('torch', 'ray', 'vllm', 'transformers', 'pyarrow') if m in sys.modules])")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_accuracy_per_source_in_the_metrics_the_eval_table_and_the_report():
+    """A benchmark's modules are its data_sources: avg@k per module, as `dapo-ray eval` prints it and as
+    the report's table of `eval/avg_at_k/<source>` shows it."""
+    from dapo_ray.evaluate import by_source, source_table
+    from dapo_ray.metrics import check_known
+    from dapo_ray.report import RunData, Series, sources_section
+
+    gcd, add = "mathematics_dataset/numbers__gcd", "mathematics_dataset/arithmetic__add_or_sub"
+    results = [ProblemResult(**{**result(p, "5", uid=u).__dict__, "data_source": s})
+               for p, u, s in [(["5", "5"], "a", gcd), (["5", "4"], "b", gcd), (["4", "4"], "c", add)]]  # fmt: skip
+    per = by_source(results)
+    assert list(per) == [add, gcd]  # name order
+    assert per[gcd] == {"avg_at_k": 0.75, "pass_at_k": 1.0, "problems": 2}
+    assert per[add]["avg_at_k"] == 0.0
+    table = source_table(per, 2, baseline={gcd: 0.146})
+    assert f"| {gcd} | 2 | 75.0% | 100.0% | 14.6% |" in table and f"| {add} | 1 | 0.0% | 0.0% | - |" in table
+    assert not check_known([f"eval/avg_at_k/{gcd}"]) and check_known(["eval/avg_at_k_typo"])
+    run = RunData("r", [], "e", "", "FINISHED", {"eval.n": "2"},
+                  {f"eval/avg_at_k/{gcd}": Series([0, 10], [0.25, 0.75], [0.0, 5.0]),
+                   f"eval/avg_at_k/{add}": Series([10], [0.5], [5.0])}, 5.0)  # fmt: skip
+    lines = sources_section(run)
+    assert f"| {gcd} | 25.0% | 75.0% |" in lines and f"| {add} | - | 50.0% |" in lines
+    assert sources_section(RunData("r", [], "e", "", "FINISHED", {}, {}, 0.0)) == []

@@ -1,0 +1,98 @@
+"""DeepMind's Mathematics Dataset from its PyPI generator: every module generates on today's sympy and
+numpy, the polynomial modules' answers are right, files are seeded and load as training data, and the
+held-out files come from the test splits with each module's echo baseline."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+import sympy
+
+from dapo_ray import mathematics
+from dapo_ray.algo.reward import compute_score
+from dapo_ray.data import load_prompts
+
+
+def test_every_module_of_every_split_generates():
+    for split in mathematics.SPLITS:
+        modules = mathematics.modules_of(split)
+        assert len(modules) == (15 if split == "extrapolate" else 56)
+        for name, module in modules.items():
+            question, answer = mathematics.sample(module)
+            assert question and answer, (split, name)
+
+
+def test_the_numpy_2_shim_keeps_the_polynomial_modules_right():
+    """`sample/polynomials.py` builds coefficient arrays with `itemset` (gone in numpy 2); its answers,
+    checked with sympy, are what the question asks."""
+    random.seed(3)
+    np.random.seed(3)
+    collect = mathematics.modules_of("train-easy")["polynomials__collect"]
+    for _ in range(20):
+        question, answer = mathematics.sample(collect)
+        expression = question.removeprefix("Collect the terms in ").removesuffix(".")
+        assert sympy.simplify(sympy.sympify(expression) - sympy.sympify(answer)) == 0, (question, answer)
+    array = mathematics._ItemsetArray(np).empty((2,), dtype=object)
+    array.itemset(1, [1, 2])
+    assert array[1] == [1, 2]
+
+
+def test_generation_is_seeded_and_leaves_the_global_generators_alone():
+    random.seed(0)
+    np.random.seed(0)
+    before = random.random(), np.random.random()
+    random.seed(0)
+    np.random.seed(0)
+    a = mathematics.generate("train-easy", ["numbers__gcd", "arithmetic__add_or_sub"], 5, seed=7)
+    assert (random.random(), np.random.random()) == before
+    assert a == mathematics.generate("train-easy", ["numbers__gcd", "arithmetic__add_or_sub"], 5, seed=7)
+    assert a != mathematics.generate("train-easy", ["numbers__gcd", "arithmetic__add_or_sub"], 5, seed=8)
+    assert [r["data_source"] for r in a] == ["mathematics_dataset/numbers__gcd"] * 5 + ["mathematics_dataset/arithmetic__add_or_sub"] * 5
+    assert len({r["extra_info"]["raw_problem"] for r in a}) == 10  # distinct within a module
+
+
+def test_a_wrong_module_or_split_names_the_choices():
+    with pytest.raises(mathematics.MathematicsError, match="numbers__gcd"):
+        mathematics.generate("train-easy", ["numbers__gdc"], 5, seed=1)
+    with pytest.raises(mathematics.MathematicsError, match="interpolate"):
+        mathematics.modules_of("test")
+    with pytest.raises(mathematics.MathematicsError, match="plain or dapo"):
+        mathematics.prompt_text("What is 1 + 1?", "chat")
+
+
+def test_echo_answers_and_baseline():
+    assert mathematics.echo_answers("Which is smaller: 4510 or -4508.5?") == {
+        "last": "-4508.5", "smallest": "-4508.5", "largest": "4510"}  # fmt: skip
+    assert mathematics.echo_answers("Is it prime?") == {}
+    rows = [{"data_source": "mathematics_dataset/numbers__gcd", "extra_info": {"raw_problem": q},
+             "reward_model": {"ground_truth": a}}
+            for q, a in [("What is the greatest common divisor of 1368 and 57?", "57"),
+                         ("What is the greatest common divisor of 12 and 18?", "6")]]  # fmt: skip
+    b = mathematics.echo_baseline(rows)["numbers__gcd"]
+    assert (b["last"], b["smallest"], b["largest"], b["best"], b["problems"]) == (0.5, 0.5, 0.0, 0.5, 2)
+
+
+def test_write_splits_gives_files_a_run_loads(tmp_path):
+    modules = ["numbers__gcd", "arithmetic__add_or_sub"]
+    report = mathematics.write_splits(modules, tmp_path, per_module=30, held_out_per_module=10, seed=3, progress=None)
+    assert set(report["files"]) == {"train-easy", "interpolate", "extrapolate"}
+    train, _ = load_prompts([str(tmp_path / "train-easy.parquet")], template="none")
+    held_out, _ = load_prompts([str(tmp_path / "interpolate.parquet")], template="none")
+    harder, _ = load_prompts([str(tmp_path / "extrapolate.parquet")], template="none")
+    assert len(train) == 60 and len(held_out) == 20 - report["dropped_seen_in_training"]["interpolate"]
+    assert {r["data_source"] for r in harder} == {"mathematics_dataset/arithmetic__add_or_sub_big"}
+    seen = {r["messages"][0]["content"] for r in train}
+    assert not seen & {r["messages"][0]["content"] for r in held_out + harder}
+    assert all(r["messages"][0]["content"].endswith(" Reply with the answer only.") for r in train)
+    # the reference itself, as a reply, is right by the benchmark's metric
+    assert all(compute_score(r["ground_truth"], r["ground_truth"], "exact")["acc"] for r in train + held_out + harder)
+    written = json.loads((tmp_path / "mathematics.json").read_text())
+    assert set(written["echo_baseline"]["interpolate"]) == set(modules)
+    assert 0.0 <= written["echo_baseline"]["interpolate"]["numbers__gcd"]["best"] <= 1.0
+
+
+def test_the_dapo_template_asks_for_an_answer_line():
+    (row,) = mathematics.generate("train-easy", ["numbers__gcd"], 1, seed=1, template="dapo")
+    text = row["prompt"][0]["content"]
+    assert "Answer:" in text and row["extra_info"]["raw_problem"] in text
