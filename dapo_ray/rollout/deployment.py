@@ -187,7 +187,8 @@ def deploy_rollout(cfg: RolloutConfig, max_model_len: int, store_name: str, seed
     else:
         scaling = {"num_replicas": cfg.num_replicas}
     options = replica_options(cfg)
-    env = engine_env(cfg.cpu_kvcache_space_gib, cfg.device, cfg.gpu_fraction, cfg.tensor_parallel_size)
+    env = engine_env(cfg.cpu_kvcache_space_gib, cfg.device, cfg.gpu_fraction, cfg.tensor_parallel_size,
+                     ready_timeout_s=cfg.engine_ready_timeout_s)  # fmt: skip
     options["ray_actor_options"]["runtime_env"] = {"env_vars": env}
     # Requests come through deployment handles (Ray Data, the driver), so no HTTP proxy is needed.
     serve.start(proxy_location="Disabled", logging_config={"log_level": "WARNING"})

@@ -81,12 +81,16 @@ class Completion(TypedDict):
 
 
 def engine_env(kv_cache_gib: int = 1, device: Device = "cpu", gpu_fraction: float = 1.0,
-               tensor_parallel_size: int = 1, core_process: bool | None = None) -> dict[str, str]:  # fmt: skip
+               tensor_parallel_size: int = 1, core_process: bool | None = None,
+               ready_timeout_s: int = 600) -> dict[str, str]:  # fmt: skip
     """Environment the engine needs before vllm is imported (the replica's runtime_env; `Engine` sets
     what is missing, and always the engine core's place). See "Where the engine runs" above.
-    `core_process`: the engine core in a process of its own; by default on GPU only."""
+    `core_process`: the engine core in a process of its own; by default on GPU only. `ready_timeout_s`:
+    how long the replica waits for that process to start (`rollout.engine_ready_timeout_s`)."""
     core_process = device == "gpu" if core_process is None else core_process
     env = {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if core_process else "0"}
+    # vLLM reads it when it is imported (`from vllm.envs import ...` in v1/engine/core_client.py).
+    env["VLLM_ENGINE_READY_TIMEOUT_S"] = str(ready_timeout_s)
     if device == "gpu":
         # vLLM's Ray executor asks this share of a GPU for each worker: what one bundle of the replica's
         # placement group holds (its default, 1, would never fit a fractional bundle).

@@ -227,3 +227,13 @@ def test_an_override_yaml_cannot_read_is_taken_as_written_and_a_misread_one_says
         load_config(ROOT / "workflows" / "configs" / "smollm2_cpu.yaml", ["data.synthetic.operators=-"])
     quoted = load_config(ROOT / "workflows" / "configs" / "smollm2_cpu.yaml", ["data.synthetic.operators='-'"])
     assert quoted.data.synthetic.operators == "-"
+
+
+def test_the_engines_start_up_time_is_a_checked_key():
+    """`rollout.engine_ready_timeout_s` keeps vLLM's 600 s unless set; the 32B recipe waits longer."""
+    assert load_config(overrides=["data.source=synthetic"]).rollout.engine_ready_timeout_s == 600
+    assert load_config(ROOT / "workflows/configs/dapo_qwen2.5_32b.yaml").rollout.engine_ready_timeout_s > 600
+    with pytest.raises(ConfigError, match="did you mean 'rollout.engine_ready_timeout_s'"):
+        load_config(overrides=["data.source=synthetic", "rollout.engine_ready_timout_s=900"])
+    with pytest.raises(ConfigError, match=r"rollout\.engine_ready_timeout_s must be >= 1, got 0"):
+        load_config(overrides=["data.source=synthetic", "rollout.engine_ready_timeout_s=0"])

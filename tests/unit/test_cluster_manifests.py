@@ -9,6 +9,8 @@
 * The runtime environments are parsed by Ray's own `RuntimeEnv`.
 * Feasibility: the node types Ray's KubeRay autoscaler derives from each cluster spec must host one
   rollout replica and one trainer worker of the config the entrypoint runs, and scale to its sizes.
+* Disk: every disk volume sized, a pod's within the disk cluster/README.md lists, and TMPDIR on one with room
+  for what the trainer ranks write there (a checkpoint's shards, the final model).
 * The entrypoint names a config that loads and passes `dapo-ray check`.
 * Anyscale: the anyscale SDK's models when installed, else its keys and ranges by hand; the same custom
   resources and the same entrypoint as the RayJob.
@@ -403,6 +405,60 @@ def _trainer_size_errors(node_types: dict, trainer: dict[str, int], cfg: Config)
     return errors
 
 
+# --- disk: the volumes of each pod, and room for what the trainer ranks write under TMPDIR -------------
+
+# Qwen2.5-32B's parameters. A ZeRO-3 checkpoint holds fp32 master weights and two Adam moments, 12 bytes a
+# parameter, split over the trainer ranks; the final model is bf16, 2 bytes a parameter (61 GiB).
+PARAMS = 32.5e9
+README_DISK = re.compile(r"^\| (\w+) \|.*?(\d+) GiB disk", re.M)
+
+
+def _readme_disk() -> dict[str, int]:
+    """{group: bytes of disk per pod}, as cluster/README.md's sizing table lists them."""
+    return {g: int(n) * 2**30 for g, n in README_DISK.findall((CLUSTER / "README.md").read_text())}
+
+
+def _tmp_need(cfg: Config, ranks_per_pod: int) -> float:
+    """The most a trainer pod writes under TMPDIR at once: its ranks' shards of a checkpoint before the upload
+    (`_report` in dapo_ray/trainer/loop.py; restore.py fetches as much back), and the final model if rank 0
+    is among them (`_save_final`; any pod may hold rank 0)."""
+    return ranks_per_pod * 12 * PARAMS / cfg.trainer.num_workers + 2 * PARAMS
+
+
+def _disk_errors(spec: dict, cfg: Config) -> list[str]:
+    """Every disk volume is sized and a pod's add up within the disk the README lists for its group; every
+    pod that runs trainer ranks sets TMPDIR on one of them, with room for `_tmp_need`."""
+    trainer = _hosts(_kuberay_node_types(spec), placement.worker_resources(cfg.trainer))
+    listed, errors = _readme_disk(), []
+    for name, g in _groups(spec):
+        pod = g["template"]["spec"]
+        disks = {v["name"]: v["emptyDir"].get("sizeLimit") for v in pod.get("volumes", [])
+                 if "emptyDir" in v and v["emptyDir"].get("medium") != "Memory"}  # fmt: skip
+        errors += [f"{name}: emptyDir {v} has no sizeLimit" for v, size in disks.items() if size is None]
+        total = sum(_quantity(size) for size in disks.values() if size is not None)
+        if name not in listed:
+            errors.append(f"{name}: cluster/README.md's sizing table lists no disk for this group")
+        elif total > listed[name]:
+            errors.append(f"{name}: the pod's disk volumes take {total / 2**30:g} GiB, more than the "
+                          f"{listed[name] / 2**30:g} GiB cluster/README.md lists")  # fmt: skip
+        if name not in trainer:
+            continue
+        container = pod["containers"][0]
+        tmpdir = next((e.get("value") for e in container.get("env", []) if e["name"] == "TMPDIR"), None)
+        on = [m["name"] for m in container.get("volumeMounts", [])
+              if tmpdir and f"{tmpdir}/".startswith(m["mountPath"].rstrip("/") + "/")]  # fmt: skip
+        need = _tmp_need(cfg, trainer[name])
+        if tmpdir is None:
+            errors.append(f"{name}: trainer ranks write checkpoints and the final model under TMPDIR; set it on "
+                          "a sized volume, or they fill the container's own filesystem")  # fmt: skip
+        elif not (on and disks.get(on[-1])):
+            errors.append(f"{name}: TMPDIR {tmpdir} is on no sized disk volume")
+        elif _quantity(disks[on[-1]]) < need:
+            errors.append(f"{name}: TMPDIR's volume {on[-1]} ({disks[on[-1]]}) is smaller than the "
+                          f"{need / 2**30:.0f} GiB a checkpoint's shards and the final model take")  # fmt: skip
+    return errors
+
+
 # --- the Anyscale files, by hand ----------------------------------------------------------------------
 
 # Fields of the anyscale SDK's models (anyscale.job.models.JobConfig with WorkloadConfig's fields;
@@ -523,7 +579,9 @@ def test_runtime_envs_are_valid_for_ray():
     assert {".venv", "runs", ".git", ".cache"} <= set(by_hand["excludes"])
     assert anyscale["excludes"] == by_hand["excludes"]
     # One environment however a run is submitted; DS_ACCELERATOR stays the driver's choice (cuda on GPU).
-    assert in_job["env_vars"] == by_hand["env_vars"] == anyscale["env_vars"]
+    # (Anyscale also points TMPDIR at its nodes' NVMe; the KubeRay trainer pods set it themselves.)
+    on_anyscale = {k: v for k, v in anyscale["env_vars"].items() if k != "TMPDIR"}
+    assert in_job["env_vars"] == by_hand["env_vars"] == on_anyscale
     assert "DS_ACCELERATOR" not in by_hand["env_vars"]
     assert re.fullmatch(r"s3://.+\.zip", in_job["working_dir"]), (
         "the RayJob's code comes from a remote archive"
@@ -601,6 +659,19 @@ def test_the_entrypoint_reads_what_the_pods_hold():
                 assert any(f.startswith(m + "/") for m in mounts) and Path(f).name in fetched, f
 
 
+@pytest.mark.parametrize("name", list(_cluster_specs()))
+def test_the_pods_disks_fit_the_readme_and_the_trainer_ranks_temporary_files(name):
+    cfg = _entrypoint_config(_rayjob()["spec"]["entrypoint"])
+    assert _disk_errors(_cluster_specs()[name], cfg) == []
+    # A pod's 8 ranks: 45 GiB of checkpoint shards, and the final model's 61 GiB.
+    assert 100 * 2**30 < _tmp_need(cfg, 8) < 110 * 2**30
+
+
+def test_anyscale_nodes_write_temporary_files_to_their_nvme():
+    """Anyscale mounts a node's NVMe at /mnt/local_storage (the root disk where there is none)."""
+    assert _load(ANYSCALE_JOB)[0]["env_vars"]["TMPDIR"].startswith("/mnt/local_storage")
+
+
 def test_anyscale_files_are_valid():
     job, compute = _load(ANYSCALE_JOB)[0], _load(ANYSCALE_COMPUTE)[0]
     try:
@@ -651,6 +722,7 @@ ROLLOUT = (*SPEC, "workerGroupSpecs", 0)
 TRAINER = (*SPEC, "workerGroupSpecs", 1)
 ROLLOUT_LIMITS = (*ROLLOUT, "template", "spec", "containers", 0, "resources", "limits")
 ROLLOUT_REQUESTS = (*ROLLOUT, "template", "spec", "containers", 0, "resources", "requests")
+TRAINER_POD = (*TRAINER, "template", "spec")
 BROKEN = {
     # the operator's rules
     "unknown submission mode": _set((("spec", "submissionMode"), "K8sMode")),
@@ -673,6 +745,12 @@ BROKEN = {
         ((*ROLLOUT, "template", "spec", "volumes", 0, "emptyDir", "sizeLimit"), "64Gi")
     ),
     "CPUs for tasks on the head": _set(((*HEAD, "rayStartParams", "num-cpus"), "16")),
+    # disk
+    "no TMPDIR on the trainer pods": _set(((*TRAINER_POD, "containers", 0, "env"), [])),
+    "TMPDIR on no volume": _set(((*TRAINER_POD, "containers", 0, "env"), [{"name": "TMPDIR", "value": "/tmp"}])),
+    "too little room under TMPDIR": _set(((*TRAINER_POD, "volumes", 2, "emptyDir", "sizeLimit"), "64Gi")),
+    "more disk than the README lists": _set(((*ROLLOUT, "template", "spec", "volumes", 1, "emptyDir", "sizeLimit"), "512Gi")),
+    "an unbounded disk volume": _set(((*TRAINER_POD, "volumes", 1, "emptyDir"), {})),
     # feasibility
     "2-GPU rollout pods": _set(((*ROLLOUT_LIMITS, "nvidia.com/gpu"), "2"), ((*ROLLOUT_REQUESTS, "nvidia.com/gpu"), "2")),
     "8 GPUs for one replica": _set(((*ROLLOUT_LIMITS, "nvidia.com/gpu"), "8"), ((*ROLLOUT_REQUESTS, "nvidia.com/gpu"), "8")),
@@ -691,8 +769,8 @@ def _rayjob_errors(doc: dict) -> list[str]:
     errors = _operator_errors(doc) + _recipe_errors(spec)
     if errors:
         return errors
-    return _feasibility_errors(_kuberay_node_types(spec), _entrypoint_config(doc["spec"]["entrypoint"]),
-                               from_zero=False)  # fmt: skip
+    cfg = _entrypoint_config(doc["spec"]["entrypoint"])
+    return _feasibility_errors(_kuberay_node_types(spec), cfg, from_zero=False) + _disk_errors(spec, cfg)
 
 
 def test_the_rayjob_passes_every_check_it_is_broken_against():

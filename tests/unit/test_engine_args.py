@@ -60,3 +60,31 @@ def test_llm_kwargs_name_a_worker_extension_that_imports_without_vllm():
                                 tensor_parallel_size=1, gpu_memory_utilization=0.9,
                                 dtype="auto")["worker_extension_cls"].rpartition(".")  # fmt: skip
     assert hasattr(getattr(importlib.import_module(module), cls), "dapo_load_weights")
+
+
+def test_the_engine_core_waits_as_long_as_the_config_says():
+    """vLLM gives the engine core VLLM_ENGINE_READY_TIMEOUT_S to start (600 s unless set), read when vllm is
+    imported: the replica's environment carries `rollout.engine_ready_timeout_s`."""
+    assert engine_env(device="gpu")["VLLM_ENGINE_READY_TIMEOUT_S"] == "600"
+    assert engine_env(device="gpu", ready_timeout_s=1800)["VLLM_ENGINE_READY_TIMEOUT_S"] == "1800"
+    in_a_process = engine_env(device="cpu", core_process=True, ready_timeout_s=90)
+    assert in_a_process["VLLM_ENGINE_READY_TIMEOUT_S"] == "90"
+
+
+def test_each_replica_gets_the_configs_engine_start_up_time(monkeypatch):
+    """`deploy_rollout` puts the engine's environment, the start-up time included, into every replica's
+    runtime_env (stand-ins for Serve: nothing starts)."""
+    from types import SimpleNamespace
+
+    from dapo_ray.config import load_config
+    from dapo_ray.rollout import deployment
+
+    options = {}
+    server = SimpleNamespace(options=lambda **kw: options.update(kw) or SimpleNamespace(bind=lambda *a: None))
+    monkeypatch.setattr(deployment, "RolloutServer", server)
+    monkeypatch.setattr(deployment.serve, "start", lambda **kw: None)
+    monkeypatch.setattr(deployment.serve, "run", lambda app, **kw: None)
+    cfg = load_config("workflows/configs/dapo_qwen2.5_32b.yaml")
+    deployment.deploy_rollout(cfg.rollout, cfg.max_model_len, "store", seed=0)
+    env = options["ray_actor_options"]["runtime_env"]["env_vars"]
+    assert env["VLLM_ENGINE_READY_TIMEOUT_S"] == str(cfg.rollout.engine_ready_timeout_s) == "1800"
