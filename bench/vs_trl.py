@@ -12,7 +12,7 @@ Each side runs in its own process, one after the other (TRL first), and writes `
 the comparison goes to stdout and `<out>/<setting>.md` (`--out`: runs/vs_trl). `--seed N` sets both
 sides' seeds (TRL's `seed`; dapo-ray's `trainer.seed` and `data.seed`: sampling, shuffling) from the same
 start model, and names the results `<setting>-sN`. `--dapo-from RUN.json` takes the dapo-ray side from a
-run of `bench/ablation.py` (rung `dapo`) with the same config, seed and steps instead of running it again. `--set KEY=VALUE ...` overrides the config both sides
+run of `bench/ablation.py` (rung `dapo`) with the same config, seed, steps and `--set` (its tracking switch aside) instead of running it again. `--set KEY=VALUE ...` overrides the config both sides
 read (TRL takes only the shared settings above; e.g. `algorithm.carry_over=true
 algorithm.max_policy_lag=2` changes dapo-ray alone). `--report` prints the comparison again from the
 saved results without running anything.
@@ -137,9 +137,12 @@ def from_ablation(a: argparse.Namespace, cfg, path: Path) -> dict:
         raise SystemExit(f"--dapo-from needs an accuracy setting ({', '.join(CURVES)}), not {a.setting}")
     want = {"rung": "dapo", "config": str(CURVES[a.setting][0]), "seed": cfg.trainer.seed, "steps": cfg.trainer.total_steps}
     have = {"rung": run["rung"], "config": run.get("config"), "seed": run["seed"], "steps": len(run["steps"])}
-    if want != have or run["extra"] not in ([], [f"trainer.total_steps={cfg.trainer.total_steps}"]) or a.extra:
-        raise SystemExit(f"{path} is not this comparison's dapo-ray run: it has {have}, extra {run['extra']}; "
-                         f"this comparison needs {want} and no --set")  # fmt: skip
+    # Its overrides, less the step count and tracking (which change nothing the two sides compare), must
+    # be this comparison's --set: TRL then reads the same settings.
+    settings = [e for e in run["extra"] if not e.startswith(("trainer.total_steps=", "tracking."))]
+    if want != have or settings != a.extra:
+        raise SystemExit(f"{path} is not this comparison's dapo-ray run: it has {have}, overrides {settings}; "
+                         f"this comparison needs {want} and --set {' '.join(a.extra) or '(none)'}")  # fmt: skip
     step_s = [s["timing/step_s"] for s in run["steps"][1:]]
     return {
         "steps": len(run["steps"]), "time_s": run["steps"][-1]["train_min"] * 60,
