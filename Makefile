@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: setup demo demo-tiny test test-fast bench lint
+.PHONY: setup demo demo-tiny mathematics test test-fast bench lint
 
 setup:            ## build .venv from scratch (fast no-op when up to date)
 	bash scripts/setup.sh
@@ -14,6 +14,10 @@ demo: setup       ## set up, then run the DAPO demo (SmolLM2-135M-Instruct, abou
 
 demo-tiny: setup  ## the fast path: the same recipe on a 0.6M-parameter model built here (about 8 min)
 	$(VENV)/bin/dapo-ray demo --config workflows/configs/tiny_cpu.yaml
+
+mathematics: setup  ## DeepMind's Mathematics Dataset from its PyPI generator, then DAPO on SmolLM2 (60 steps, about an hour on 2 cores)
+	$(VENV)/bin/dapo-ray prepare-mathematics --out-dir runs/data/mathematics
+	$(VENV)/bin/dapo-ray demo --config workflows/configs/mathematics_cpu.yaml
 
 test: setup       ## set up, then run the whole test suite
 	$(PY) -m pytest tests --durations=15

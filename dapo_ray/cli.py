@@ -185,10 +185,7 @@ def _prepare_mathematics(args: argparse.Namespace) -> int:
             for split in mathematics.SPLITS:
                 print(f"{split}: {' '.join(mathematics.modules_of(split))}")
             return 0
-        if not args.modules:
-            print("dapo-ray prepare-mathematics: error: name --modules (or --list them)", file=sys.stderr)
-            return 2
-        report = mathematics.write_splits(args.modules, args.out_dir, train_split=args.train_split,
+        report = mathematics.write_splits(args.modules or mathematics.CPU_MODULES, args.out_dir, train_split=args.train_split,
                                           per_module=args.per_module, held_out_per_module=args.held_out_per_module,
                                           seed=args.seed, template=args.template, extrapolate=not args.no_extrapolate,
                                           progress=lambda line: print(f"[mathematics] {line}", flush=True))  # fmt: skip
@@ -275,12 +272,13 @@ def build_parser() -> argparse.ArgumentParser:
     pm = sub.add_parser("prepare-mathematics",
                         help="DeepMind's Mathematics Dataset (from its PyPI generator): training problems and held-out "
                              "problems of the test splits as parquet files, with each module's echo baseline")  # fmt: skip
-    pm.add_argument("--modules", nargs="+", help="modules, e.g. arithmetic__add_or_sub numbers__gcd (see --list)")
+    pm.add_argument("--modules", nargs="+", help="modules, e.g. arithmetic__add_or_sub numbers__gcd (see --list; "
+                                                 "default: the 16 of workflows/configs/mathematics_cpu.yaml)")  # fmt: skip
     pm.add_argument("--list", action="store_true", help="print the modules of every split and stop")
     pm.add_argument("--out-dir", default="runs/data/mathematics", help="where the files go (default: %(default)s)")
     pm.add_argument("--train-split", default="train-easy", choices=["train-easy", "train-medium", "train-hard"])
     pm.add_argument("--per-module", type=int, default=400, help="training problems per module (default: %(default)s)")
-    pm.add_argument("--held-out-per-module", type=int, default=48,
+    pm.add_argument("--held-out-per-module", type=int, default=16,
                     help="interpolate and extrapolate problems per module (default: %(default)s)")  # fmt: skip
     pm.add_argument("--seed", type=int, default=1, help="training problems use it, held-out ones seed + 1")
     pm.add_argument("--template", choices=["plain", "dapo"], default="plain",
@@ -304,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"dapo-ray: config error: {e}", file=sys.stderr)
         return 2
+    except FileNotFoundError as e:  # a prompt file or model directory that is not there
+        print(f"dapo-ray: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as e:  # a second Ctrl-C or SIGTERM (dapo_ray/stopping.py)
         print(f"dapo-ray: stopped at once ({e or 'interrupted'}); running the same command again resumes from "
               f"the last checkpoint", file=sys.stderr)  # fmt: skip

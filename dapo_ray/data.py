@@ -241,7 +241,8 @@ def load_prompts(
     for p in paths:
         path = Path(p)
         if not path.exists():
-            raise FileNotFoundError(f"prompt file not found: {path}")
+            raise FileNotFoundError(f"prompt file not found: {path} (`dapo-ray prepare` writes prompt files; "
+                                "`dapo-ray prepare-mathematics` the Mathematics Dataset's)")  # fmt: skip
         report.files.append(str(path))
         for i, raw, convert in _read_file(path):
             report.rows_read += 1

@@ -4,6 +4,7 @@ held-out files come from the test splits with each module's echo baseline."""
 
 import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -96,3 +97,21 @@ def test_the_dapo_template_asks_for_an_answer_line():
     (row,) = mathematics.generate("train-easy", ["numbers__gcd"], 1, seed=1, template="dapo")
     text = row["prompt"][0]["content"]
     assert "Answer:" in text and row["extra_info"]["raw_problem"] in text
+
+
+def test_the_command_and_the_config(tmp_path, capsys):
+    from dapo_ray.cli import main
+    from dapo_ray.config import load_config
+
+    out = tmp_path / "m"
+    assert main(["prepare-mathematics", "--modules", "numbers__gcd", "--per-module", "5", "--held-out-per-module", "3",
+                 "--out-dir", str(out)]) == 0  # fmt: skip
+    printed = capsys.readouterr().out
+    assert "echo baseline, interpolate" in printed and "numbers__gcd" in printed
+    assert {p.name for p in out.iterdir()} == {"train-easy.parquet", "interpolate.parquet", "mathematics.json"}
+    assert main(["prepare-mathematics", "--modules", "numbers__gdc", "--out-dir", str(out)]) == 1
+    assert "numbers__gcd" in capsys.readouterr().err  # the valid choices
+    assert main(["prepare-mathematics", "--list"]) == 0 and "extrapolate: " in capsys.readouterr().out
+    cfg = load_config(Path(__file__).resolve().parents[2] / "workflows/configs/mathematics_cpu.yaml")
+    assert cfg.reward.mode == "exact" and cfg.data.train_files == ("runs/data/mathematics/train-easy.parquet",)
+    assert set(mathematics.CPU_MODULES) <= set(mathematics.modules_of("interpolate"))
