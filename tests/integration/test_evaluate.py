@@ -72,3 +72,30 @@ def test_eval_on_aime_2024(tiny_model_dir, ray_cluster, real_data, tmp_path):
     assert report["files"] == [str((real_data / "aime-2024.parquet").resolve())] and report["max_response_length"] == 8
     assert report["per_problem"][0]["uid"] == "aime-2024.parquet:0"
     assert all(p["response_length_mean"] <= 8 for p in report["per_problem"])
+
+
+def test_eval_on_the_mathematics_dataset_per_module(tiny_model_dir, ray_cluster, tmp_path, capsys):
+    """A benchmark file of two modules: its rows are scored by the benchmark's exact match (their
+    data_source), and the report, the markdown and the console give avg@k per module."""
+    from dapo_ray.mathematics import write_splits
+
+    write_splits(["numbers__gcd", "arithmetic__add_or_sub"], tmp_path / "data", per_module=4, held_out_per_module=3,
+                 seed=5, extrapolate=False, progress=None)  # fmt: skip
+    model = tmp_path / "long-context-tiny"  # the questions are up to 160 characters: a longer context
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 512}))
+    out = tmp_path / "interpolate.json"
+    assert main(["eval", "--config", TINY_CFG, "--model", str(model), "--files", str(tmp_path / "data/interpolate.parquet"),
+                 "--k", "2", "--out", str(out), "data.max_prompt_length=400", "eval.max_response_length=8"]) == 0  # fmt: skip
+    report = json.loads(out.read_text())
+    gcd, add = "mathematics_dataset/numbers__gcd", "mathematics_dataset/arithmetic__add_or_sub"
+    assert report["problems"] == 6 and set(report["per_source"]) == {gcd, add}
+    assert all(v["problems"] == 3 for v in report["per_source"].values())
+    assert sorted(p["data_source"] for p in report["per_problem"]) == [add] * 3 + [gcd] * 3
+    for source, v in report["per_source"].items():
+        rows = [p for p in report["per_problem"] if p["data_source"] == source]
+        assert v["avg_at_k"] == pytest.approx(sum(p["correct"] for p in rows) / 6)
+    g, a = report["per_source"][gcd], report["per_source"][add]
+    assert f"| {gcd} | 3 | {g['avg_at_k']:.1%} | {g['pass_at_k']:.1%} |" in out.with_suffix(".md").read_text()
+    assert f"| {add} | 3 | {a['avg_at_k']:.1%} | {a['pass_at_k']:.1%} |" in capsys.readouterr().out
