@@ -66,6 +66,12 @@ from dapo_ray.weights import Superseded
 Device = Literal["cpu", "gpu"]
 
 
+class EngineDead(RuntimeError):
+    """The engine serves no more: its thread stopped, or vLLM's engine core (a process of its own) died.
+    Nothing of a call that fails with it was kept, so it may be sent to another replica (the replica
+    fails its health check and Serve replaces it)."""
+
+
 class Completion(TypedDict):
     text: str
     response_ids: list[int]
@@ -215,6 +221,25 @@ class Engine:
                 raise TimeoutError(f"the engine thread did not stop within {timeout_s} s")
         self.llm = None
         self._restore_ray_address()
+
+    def check_alive(self) -> None:
+        """Raise `EngineDead` when the engine can serve no more (`why_dead`)."""
+        reason = self.why_dead()
+        if reason is not None:
+            raise EngineDead(reason)
+
+    def why_dead(self) -> str | None:
+        """Why the engine can serve no more, or None while it can. With the core in a process of its own,
+        a core that died (killed, or its GPU worker lost) leaves this process alive: vLLM's client only
+        marks itself dead (`engine_dead`, set by its monitor of the core process) and stops its output
+        thread, so every later request fails and a decoding step in progress waits for ever
+        (docs/GPU.md)."""
+        if not self._thread.is_alive():
+            return "the engine thread stopped"
+        resources = getattr(self.llm.llm_engine.engine_core, "resources", None)  # a core of its own only
+        if resources is not None and resources.engine_dead:
+            return "vLLM's engine core process died"
+        return None
 
     def _restore_ray_address(self) -> None:
         if self._ray_address_before is None:
