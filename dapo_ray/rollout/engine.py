@@ -315,7 +315,8 @@ class Engine:
         an idle engine: no decoding step runs during the load either way). Should the publish be dropped
         or a bucket lost half-way, it fails with `Superseded` too, but the weights are then a mix of two
         versions: the engine is `broken` and runs no decoding step, holding every call, until a later
-        load completes."""
+        load completes. So does any load that raises half-way; the requests it interrupted are aborted
+        and sampled again from the start once a whole version has loaded (`_hold`)."""
         job = _Interrupt if interrupt else _Exclusive
         return self._queue(job(lambda: self._load_weights(store_name, version, serial, stream)))
 
@@ -377,6 +378,7 @@ class Engine:
         if not _settle(built, lambda: self._build(args)):
             return
         running: dict[str, tuple[_Call, int]] = {}  # vLLM request id -> (call, prompt index)
+        held: dict[_Call, list[int]] = {}  # prompts a load stopped half-way took back (`_hold`)
         while True:
             with self._mutex:
                 while not self._has_work(running):
@@ -407,9 +409,13 @@ class Engine:
                 _settle(exclusive.future, exclusive.fn)
                 continue
             if interrupt is not None:
-                self._interrupt(interrupt, running)
+                self._interrupt(interrupt, running, held)
             if self.broken:
                 continue
+            for call, which in held.items():
+                if not call.future.done():
+                    self._admit(call, running, which)
+            held.clear()
             for call in admit:
                 self._admit(call, running)
             self._abort_cancelled(running)
@@ -478,19 +484,42 @@ class Engine:
             call.segments[i] = {}
             running[_external_id(rid)] = (call, i)
 
-    def _interrupt(self, load: _Interrupt, running: dict[str, tuple[_Call, int]]) -> None:
+    def _interrupt(self, load: _Interrupt, running: dict[str, tuple[_Call, int]],
+                   held: dict[_Call, list[int]]) -> None:  # fmt: skip
         """Run `load` with requests in flight; each of them records where the new version took over.
         vLLM's output processor holds every unfinished request's tokens so far, each sample of a prompt
-        (n > 1) as a request of its own ("<sample>_<parent id>")."""
+        (n > 1) as a request of its own ("<sample>_<parent id>"). A load that stops half-way takes them
+        back (`_hold`)."""
         sofar: dict[tuple[_Call, int], dict[int, int]] = {}
         for state in self.llm.llm_engine.output_processor.request_states.values():
             key = running.get(state.external_req_id)
             if key is not None:
                 sofar.setdefault(key, {})[state.request_index or 0] = len(state.detokenizer.output_token_ids)
         before = self.version
-        if _settle(load.future, load.fn) and self.version != before:
+
+        def run():
+            try:
+                return load.fn()
+            except Exception:
+                if self.broken:  # before the caller hears of it: its requests are stopped by then
+                    self._hold(running, held)
+                raise
+
+        if _settle(load.future, run) and self.version != before:
             for (call, i), tokens in sofar.items():
                 call.switched(i, tokens, self.version)
+
+    def _hold(self, running: dict[str, tuple[_Call, int]], held: dict[_Call, list[int]]) -> None:
+        """Abort every request in flight and keep their prompts in `held`, to be sampled again from the
+        start once a whole version has loaded: the weights now mix two versions. The engine thread stops
+        stepping, but an engine core in a process of its own (GPU) goes on decoding what it has scheduled
+        and queues the output, which would come back with the next whole version's label (docs/GPU.md)."""
+        if not running:
+            return
+        self.llm.llm_engine.abort_request(list(running), internal=False)
+        for call, i in running.values():
+            held.setdefault(call, []).append(i)
+        running.clear()
 
 
 def _completions(out, call: _Call, i: int) -> list[Completion]:
