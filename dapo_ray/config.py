@@ -163,6 +163,9 @@ class RolloutConfig:
     """Seconds a replica waits for its vLLM engine core to start (load the weights, compile, capture CUDA
     graphs) before it fails (VLLM_ENGINE_READY_TIMEOUT_S; vLLM's default is 600). Raise it for large
     models: a fresh node may take longer for a 32B one."""
+    engine_core_process: bool = False
+    """Run vLLM's engine core in a process of its own on CPU too, as it always runs on GPU (the tests use
+    it to run the GPU's engine shape; it costs ~25 s of start-up on CPU)."""
     stream: bool = True
     """With generation overlapped (algorithm.max_policy_lag >= 1), fill batches from one long-lived stream
     of single groups instead of generation rounds: prompts stay in flight as the missing kept groups

@@ -73,23 +73,33 @@ def add_completions(row: dict, group: list, version: int, replica: str) -> dict:
     return row
 
 
-def _call_replica(handle, *args, attempts: int = 4):
+def _call_replica(handle, *args, attempts: int = 6):
     """`handle.generate.remote(*args).result()`, sent again when the replica serving it dies (a node
-    lost, a replica killed or scaled away): Serve routes the retry to a live replica, so the round
-    completes with every prompt. Nothing was kept from the failed call, so no sample is duplicated."""
+    lost, a replica killed or scaled away) or its engine did (`EngineDead`: Serve replaces that replica
+    within a few seconds, `deployment.HEALTH_CHECK_PERIOD_S`, which the waits between attempts outlast):
+    Serve routes the retry to a live replica, so the round completes with every prompt. Nothing was kept
+    from the failed call, so no sample is duplicated."""
     import time
-
-    import ray
 
     for attempt in range(attempts):
         try:
             return handle.generate.remote(*args).result()
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+        except replica_lost_errors() as e:
             if attempt == attempts - 1:
                 raise
             print(f"[rollout] a replica was lost mid-call ({type(e).__name__}); sending the call again", flush=True)
             time.sleep(1.0 + attempt)
     raise AssertionError("unreachable")
+
+
+def replica_lost_errors() -> tuple[type[BaseException], ...]:
+    """What a generate call fails with when its replica, or the replica's engine, is gone: the call may
+    be sent again."""
+    import ray
+
+    from dapo_ray.rollout.engine import EngineDead
+
+    return ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, EngineDead
 
 
 @dataclass(frozen=True)

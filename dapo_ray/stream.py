@@ -26,7 +26,14 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from dapo_ray.pipeline import SamplingSpec, ScoringSpec, add_completions, prompt_seed, score_group
+from dapo_ray.pipeline import (
+    SamplingSpec,
+    ScoringSpec,
+    add_completions,
+    prompt_seed,
+    replica_lost_errors,
+    score_group,
+)
 
 
 class Stream:
@@ -38,7 +45,7 @@ class Stream:
     so a group's oldest token is at least that version."""
 
     def __init__(self, app_name: str, sampling: SamplingSpec, scoring: ScoringSpec, scorers: int = 2,
-                 attempts: int = 4) -> None:  # fmt: skip
+                 attempts: int = 6) -> None:  # fmt: skip
         self.app_name, self.sampling, self.scoring, self.attempts = app_name, sampling, scoring, attempts
         self.in_flight: dict[str, dict] = {}
         self.served = 0
@@ -121,9 +128,8 @@ class Stream:
             self._responses.pop(ticket, None)
 
     async def _generate(self, row: dict):
-        """One call for the group, sent again when the replica serving it dies (Serve routes the retry to a
-        live one; nothing of the failed call was kept)."""
-        import ray
+        """One call for the group, sent again when the replica serving it or its engine dies (Serve routes
+        the retry to a live one; nothing of the failed call was kept: `pipeline._call_replica`)."""
         from ray import serve
 
         if self._handle is None:
@@ -136,7 +142,7 @@ class Stream:
                                                         s.max_tokens, seeds)  # fmt: skip
                 self._responses[row["ticket"]] = response
                 return await response
-            except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+            except replica_lost_errors() as e:
                 if attempt == self.attempts - 1:
                     raise
                 print(f"[rollout] a replica was lost mid-call ({type(e).__name__}); sending the call again", flush=True)

@@ -14,6 +14,10 @@ A load interrupts the responses in flight (`rollout.partial_rollout`, the defaul
 they go on under the new weights, and the sync waits for the load itself, not for the calls in flight.
 `wait_synced(version)` returns once every live replica has acknowledged `version`; the driver calls it
 before the next rollout, so the whole fleet is on the new weights, not just one replica.
+
+A replica whose engine died (its engine-core process killed, a GPU worker lost) fails Serve's health
+check, and Serve replaces it; until then its calls fail with `EngineDead`, which the callers send again
+as they do a call to a replica that died (`pipeline._call_replica`, `stream.Stream`).
 """
 
 from __future__ import annotations
@@ -30,14 +34,20 @@ from ray import serve
 from dapo_ray.config import RolloutConfig
 from dapo_ray.placement import replica_options
 from dapo_ray.ray_metrics import ReplicaMetrics
-from dapo_ray.rollout.engine import Completion, Engine, engine_env
+from dapo_ray.rollout.engine import Completion, Engine, EngineDead, engine_env
 from dapo_ray.weights import AHEAD, Superseded, get_store
 
 APP_NAME = "dapo-rollout"
 
 
+HEALTH_CHECK_PERIOD_S = 2.0
+"""How often Serve asks a replica whether its engine lives (`RolloutServer.check_health`, an attribute
+read): Serve replaces a replica after 3 failed checks in a row, so a dead engine's replica goes within
+about 6 s, inside the callers' retries of its calls (Serve's default period is 10 s)."""
+
+
 # Up to gen_batch_size calls in flight at once: the stream sends one call per group (`dapo_ray.stream`).
-@serve.deployment(name="rollout", max_ongoing_requests=4096,
+@serve.deployment(name="rollout", max_ongoing_requests=4096, health_check_period_s=HEALTH_CHECK_PERIOD_S,
                   logging_config={"log_level": "WARNING", "enable_access_log": False})  # fmt: skip
 class RolloutServer:
     """One vLLM engine. Concurrent calls share its running batch (`Engine.submit`); a weight load
@@ -57,6 +67,7 @@ class RolloutServer:
             dtype=cfg.dtype,
             device=cfg.device,
             gpu_fraction=cfg.gpu_fraction,
+            core_process=True if cfg.engine_core_process else None,  # None: the device's default
         )
         self.store_name = store_name
         self.partial_rollout = cfg.partial_rollout
@@ -70,6 +81,12 @@ class RolloutServer:
         self.load_s = 0.0  # how long the latest weight load took (queueing on the engine thread included)
         await self._load(await self.store.latest.remote())  # the current policy before the first request
         self.follower = asyncio.get_running_loop().create_task(self._follow())
+
+    def check_health(self) -> None:
+        """Serve's health check: fails once the engine is dead (`Engine.check_alive`), so Serve replaces
+        this replica (without it Serve checks only that the actor answers, and a replica with a dead
+        engine would stay, failing every call and acknowledging no load)."""
+        self.engine.check_alive()
 
     async def _load(self, latest: tuple[int, list, int]) -> int:
         """Load `latest` = (version, [bucket count], serial) if published after ours and acknowledge; returns
@@ -144,16 +161,24 @@ class RolloutServer:
         served starts loading (unless a load runs already), but the call does not wait for it: the new
         version may still be streaming in from the trainer, and the load will interrupt this call (partial
         rollout) or wait for it. `seeds`: one per prompt (`Engine.submit`)."""
+        self.engine.check_alive()
         self.in_flight += 1
         try:
             latest = await self.store.latest.remote()
             if latest[2] > self.serial and not self.load_lock.locked():
                 self._nudge = asyncio.get_running_loop().create_task(self._load(latest))
             t0 = time.perf_counter()
-            version, out = await asyncio.wrap_future(
-                self.engine.submit(prompt_ids, n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
-                                   seeds=seeds)  # fmt: skip
-            )
+            try:
+                version, out = await asyncio.wrap_future(
+                    self.engine.submit(prompt_ids, n=n, temperature=temperature, top_p=top_p,
+                                       max_tokens=max_tokens, seeds=seeds)  # fmt: skip
+                )
+            except Exception as e:
+                # vLLM's own EngineDeadError, or whatever a dying engine raised: the caller sends it again.
+                dead = self.engine.why_dead()
+                if dead is not None:
+                    raise EngineDead(f"{dead} ({e!r})") from None  # the caller need not unpickle vLLM's error
+                raise
             tokens = sum(len(c["response_ids"]) for completions in out for c in completions)
             self.metrics.generated(len(prompt_ids), tokens, time.perf_counter() - t0)
             return version, self.replica_id, out
@@ -188,7 +213,7 @@ def deploy_rollout(cfg: RolloutConfig, max_model_len: int, store_name: str, seed
         scaling = {"num_replicas": cfg.num_replicas}
     options = replica_options(cfg)
     env = engine_env(cfg.cpu_kvcache_space_gib, cfg.device, cfg.gpu_fraction, cfg.tensor_parallel_size,
-                     ready_timeout_s=cfg.engine_ready_timeout_s)  # fmt: skip
+                     True if cfg.engine_core_process else None, cfg.engine_ready_timeout_s)  # fmt: skip
     options["ray_actor_options"]["runtime_env"] = {"env_vars": env}
     # Requests come through deployment handles (Ray Data, the driver), so no HTTP proxy is needed.
     serve.start(proxy_location="Disabled", logging_config={"log_level": "WARNING"})

