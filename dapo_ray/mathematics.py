@@ -26,6 +26,9 @@ The package predates the Python stack it now installs into; `generator()` makes 
 * Python 3.12 refuses the float bounds (`-5.0`) that `modules/numbers.py`'s rounding questions pass to
   `random.randint`: that module gets a `random` whose `randint` takes them as the integers they are (the
   same draws from the same global generator);
+* its composed questions pick variable names from a set (`util/composition.py`, `Context.pop`) and shuffle
+  a set of entities, whose order changes with Python's hash seed and object addresses: that module's
+  `random` puts the candidates in a fixed order first, so a seed gives the same files on every machine;
 * `generate.init_modules` reads absl flags; the module dictionaries are built here without it.
 
 Every question is put in a chat prompt: `plain` (the question and "Reply with the answer only.") or
@@ -102,6 +105,34 @@ class _IntegralRandint:
         return random.randint(int(a), int(b)) if a == int(a) and b == int(b) else random.randint(a, b)
 
 
+def _fixed_order(items: list) -> list:
+    """`items` in an order that does not depend on the process: letters sorted, entities by their handle
+    and description."""
+    if all(isinstance(x, str) for x in items):
+        return sorted(items)
+    if all(hasattr(x, "_handle") for x in items):  # `Entity`: reading `.handle` would mark it used
+        return sorted(items, key=_entity_key)
+    return items
+
+
+def _entity_key(entity) -> tuple[str, str]:
+    handle = entity._handle
+    return (handle if isinstance(handle, str) else type(handle).__name__, str(getattr(entity, "_description", "")))
+
+
+class _FixedOrderRandom(_IntegralRandint):
+    """`random` for `util/composition.py`: `choice` and `shuffle` see their candidates in a fixed order."""
+
+    @staticmethod
+    def choice(seq):
+        return random.choice(_fixed_order(list(seq)))
+
+    @staticmethod
+    def shuffle(x):
+        x[:] = _fixed_order(list(x))
+        random.shuffle(x)
+
+
 @functools.cache
 def generator() -> types.ModuleType:
     """`mathematics_dataset.modules.modules`, imported and made to work with sympy 1.14 and numpy 2."""
@@ -114,6 +145,7 @@ def generator() -> types.ModuleType:
     polynomials = importlib.import_module("mathematics_dataset.sample.polynomials")
     polynomials.np = _ItemsetArray(np)  # the same arrays, with `itemset`, on any numpy
     importlib.import_module("mathematics_dataset.modules.numbers").random = _IntegralRandint()
+    importlib.import_module("mathematics_dataset.util.composition").random = _FixedOrderRandom()
     return importlib.import_module("mathematics_dataset.modules.modules")
 
 
@@ -191,20 +223,23 @@ def prompt_text(question: str, template: Template) -> str:
 def generate(split: str, modules: Sequence[str], per_module: int, seed: int, template: Template = "plain",
              progress: Callable[[str], None] | None = None) -> list[dict]:  # fmt: skip
     """`per_module` distinct problems of each module of `split`, as rows in the verl/DAPO schema
-    (`prepare.OUTPUT_SCHEMA`). Seeded: the same arguments give the same rows (the package draws from
-    Python's and numpy's global generators, which are re-seeded per module and restored after)."""
+    (`prepare.OUTPUT_SCHEMA`). Seeded: the same arguments give the same rows on any machine (the package
+    draws from Python's, numpy's and sympy's generators, which are re-seeded per module and restored after)."""
     import numpy as np
 
     _check_modules(split, modules)
     if per_module < 1:
         raise MathematicsError(f"per_module must be at least 1, got {per_module}")
+    import sympy.core.random as sympy_random
+
     rows: list[dict] = []
-    saved = random.getstate(), np.random.get_state()
+    saved = random.getstate(), np.random.get_state(), sympy_random.rng.getstate()
     try:
         for k, name in enumerate(modules):
             t0 = time.time()
             random.seed(f"{seed}/{split}/{name}")
             np.random.seed(random.getrandbits(32))
+            sympy_random.rng.seed(random.getrandbits(32))  # sympy's own (`randprime` in the primality questions)
             seen: set[str] = set()
             tries = 0
             while len(seen) < per_module:
@@ -229,6 +264,7 @@ def generate(split: str, modules: Sequence[str], per_module: int, seed: int, tem
     finally:
         random.setstate(saved[0])
         np.random.set_state(saved[1])
+        sympy_random.rng.setstate(saved[2])
     return rows
 
 

@@ -3,6 +3,7 @@ numpy, the polynomial modules' answers are right, files are seeded and load as t
 held-out files come from the test splits with each module's echo baseline."""
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -115,3 +116,19 @@ def test_the_command_and_the_config(tmp_path, capsys):
     cfg = load_config(Path(__file__).resolve().parents[2] / "workflows/configs/mathematics_cpu.yaml")
     assert cfg.reward.mode == "exact" and cfg.data.train_files == ("runs/data/mathematics/train-easy.parquet",)
     assert set(mathematics.CPU_MODULES) <= set(mathematics.modules_of("interpolate"))
+
+
+def test_the_same_seed_gives_the_same_files_in_any_process():
+    """Variable names come from a set, entities are shuffled from a set and primes come from sympy's own
+    generator: without fixing those, each process (hash seed) wrote other questions."""
+    import subprocess
+    import sys
+
+    code = ("import hashlib, json; from dapo_ray import mathematics as m; print(hashlib.md5(json.dumps(m.generate("
+            "'interpolate', ['algebra__linear_1d', 'numbers__is_prime', 'numbers__gcd_composed', "
+            "'polynomials__evaluate_composed'], 6, seed=2)).encode()).hexdigest())")  # fmt: skip
+    root = Path(__file__).resolve().parents[2]
+    digests = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root,
+                              env={**os.environ, "PYTHONHASHSEED": str(h), "PYTHONPATH": str(root)}).stdout
+               for h in (1, 2)}  # fmt: skip
+    assert len(digests) == 1
