@@ -35,6 +35,19 @@ def _busy_replica(handle, min_calls: int, timeout_s: float = 120.0) -> str:
     raise TimeoutError("no replica got busy")
 
 
+def _start_round(count: int) -> tuple[list[dict], threading.Thread, list]:
+    """`count` prompts, and a thread running one generation round of them (4 samples, 2 prompts a call, 4
+    calls at a time) whose groups land in the returned list."""
+    prompts = [{"uid": str(i), "draw": f"0:{i}", "prompt_ids": [5 + i % 7, 6, 7, 8], "ground_truth": "1"}
+               for i in range(count)]  # fmt: skip
+    scoring = ScoringSpec("dapo", 24, True, 8, 1.0, True, 1e-6, True)
+    out: list = []
+    rounds = threading.Thread(target=lambda: out.append(generate_round(
+        prompts, APP_NAME, SamplingSpec(4, 1.0, 1.0, 24), scoring, prompts_per_call=2, max_concurrency=4)))  # fmt: skip
+    rounds.start()
+    return prompts, rounds, out
+
+
 def test_a_round_completes_when_a_replica_dies_mid_round(tiny_model_dir, ray_cluster):
     store = create_store("weights-replica-loss")
     cfg = RolloutConfig(model_path=str(tiny_model_dir), n=4, max_response_length=24, num_replicas=2,
@@ -42,13 +55,7 @@ def test_a_round_completes_when_a_replica_dies_mid_round(tiny_model_dir, ray_clu
     try:
         handle = deploy_rollout(cfg, max_model_len=128, store_name="weights-replica-loss", seed=1)
         assert len(_replica_actors()) == 2
-        prompts = [{"uid": str(i), "draw": f"0:{i}", "prompt_ids": [5 + i % 7, 6, 7, 8], "ground_truth": "1"}
-                   for i in range(96)]  # fmt: skip
-        scoring = ScoringSpec("dapo", 24, True, 8, 1.0, True, 1e-6, True)
-        out: list = []
-        rounds = threading.Thread(target=lambda: out.append(generate_round(
-            prompts, APP_NAME, SamplingSpec(4, 1.0, 1.0, 24), scoring, prompts_per_call=2, max_concurrency=4)))  # fmt: skip
-        rounds.start()
+        prompts, rounds, out = _start_round(96)
         victim = _busy_replica(handle, min_calls=2)  # these calls fail with it: they must be sent again
         ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
         rounds.join(timeout=300)
@@ -84,13 +91,7 @@ def test_a_round_completes_when_a_replicas_engine_core_dies_mid_round(tiny_model
     try:
         handle = deploy_rollout(cfg, max_model_len=128, store_name="weights-core-loss", seed=1)
         [victim] = _replica_actors()
-        prompts = [{"uid": str(i), "draw": f"0:{i}", "prompt_ids": [5 + i % 7, 6, 7, 8], "ground_truth": "1"}
-                   for i in range(48)]  # fmt: skip
-        scoring = ScoringSpec("dapo", 24, True, 8, 1.0, True, 1e-6, True)
-        out: list = []
-        rounds = threading.Thread(target=lambda: out.append(generate_round(
-            prompts, APP_NAME, SamplingSpec(4, 1.0, 1.0, 24), scoring, prompts_per_call=2, max_concurrency=4)))  # fmt: skip
-        rounds.start()
+        prompts, rounds, out = _start_round(48)
         _busy_replica(handle, min_calls=2)
         replica_pid = handle.stats.remote().result()["pid"]
         t0 = time.time()
