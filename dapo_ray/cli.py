@@ -187,7 +187,8 @@ def _prepare_mathematics(args: argparse.Namespace) -> int:
             return 0
         report = mathematics.write_splits(args.modules or mathematics.CPU_MODULES, args.out_dir, train_split=args.train_split,
                                           per_module=args.per_module, held_out_per_module=args.held_out_per_module,
-                                          seed=args.seed, template=args.template, extrapolate=not args.no_extrapolate,
+                                          seed=args.seed, template=args.template, shots=args.shots,
+                                          extrapolate=not args.no_extrapolate,
                                           progress=lambda line: print(f"[mathematics] {line}", flush=True))  # fmt: skip
     except mathematics.MathematicsError as e:
         print(f"dapo-ray prepare-mathematics: error: {e}", file=sys.stderr)
@@ -195,10 +196,11 @@ def _prepare_mathematics(args: argparse.Namespace) -> int:
     for split, f in report["files"].items():
         print(f"[mathematics] {split}: {f['rows']} problems -> {f['path']}")
     for split, baseline in report["echo_baseline"].items():
-        print(f"\necho baseline, {split} (answer with the question's last / smallest / largest number):")
+        print(f"\necho baseline, {split} (answer with the question's last / smallest / largest number, or the "
+              f"module's commonest answer every time):")  # fmt: skip
         for module, b in baseline.items():
             print(f"  {module:40s} {b['best']:6.1%}  (last {b['last']:.1%}, smallest {b['smallest']:.1%}, "
-                  f"largest {b['largest']:.1%})")  # fmt: skip
+                  f"largest {b['largest']:.1%}, constant {b['constant']:.1%})")  # fmt: skip
     print(f"\n[mathematics] written in {report['seconds']:.0f}s; report: {args.out_dir}/mathematics.json")
     return 0
 
@@ -284,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     pm.add_argument("--template", choices=["plain", "dapo"], default="plain",
                     help="plain: the question and 'Reply with the answer only.'; dapo: DAPO's template, which asks "
                          "for an 'Answer:' line")  # fmt: skip
+    pm.add_argument("--shots", type=int, default=0,
+                    help="worked examples of the same module before each question, as earlier chat turns, drawn "
+                         "from the training split (default: %(default)s)")  # fmt: skip
     pm.add_argument("--no-extrapolate", action="store_true", help="no extrapolate file")
     pm.set_defaults(func=_prepare_mathematics)
     evaluate.add_parser(sub)

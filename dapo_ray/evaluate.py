@@ -292,9 +292,10 @@ def load_eval_set(cfg, tokenizer) -> tuple[str, list[dict], int]:
 
 
 def with_problems(tokenized: list[dict], rows: list[dict]) -> list[dict]:
-    """`tokenized` rows (`data.tokenize_prompts`) with the first words of their problem, the user message
-    of the row of `rows` with the same uid: what the per-problem table and the replies show."""
-    problems = {r["uid"]: first_words(next(m["content"] for m in r["messages"] if m["role"] == "user"), 100)
+    """`tokenized` rows (`data.tokenize_prompts`) with the first words of their problem, the last user
+    message of the row of `rows` with the same uid (the question asked, after any worked examples): what the
+    per-problem table and the replies show."""
+    problems = {r["uid"]: first_words([m["content"] for m in r["messages"] if m["role"] == "user"][-1], 100)
                 for r in rows}  # fmt: skip
     return [p | {"problem": problems[p["uid"]]} for p in tokenized]
 

@@ -32,7 +32,8 @@ The package predates the Python stack it now installs into; `generator()` makes 
 * `generate.init_modules` reads absl flags; the module dictionaries are built here without it.
 
 Every question is put in a chat prompt: `plain` (the question and "Reply with the answer only.") or
-`dapo` (DAPO's instruction template, which asks for an `Answer:` line).
+`dapo` (DAPO's instruction template, which asks for an `Answer:` line). With `shots`, worked examples of
+the same module (from the training split) come first as earlier chat turns, each replied to in that form.
 """
 
 from __future__ import annotations
@@ -220,44 +221,93 @@ def prompt_text(question: str, template: Template) -> str:
     return f"{question} {INSTRUCTION}"
 
 
-def generate(split: str, modules: Sequence[str], per_module: int, seed: int, template: Template = "plain",
-             progress: Callable[[str], None] | None = None) -> list[dict]:  # fmt: skip
-    """`per_module` distinct problems of each module of `split`, as rows in the verl/DAPO schema
-    (`prepare.OUTPUT_SCHEMA`). Seeded: the same arguments give the same rows on any machine (the package
-    draws from Python's, numpy's and sympy's generators, which are re-seeded per module and restored after)."""
+def reply_text(answer: str, template: Template) -> str:
+    """A worked example's reply in the form the template asks for: the answer alone (`plain`), or an
+    `Answer:` line (`dapo`). Both are what the benchmark's metric scores right."""
+    return f"Answer: {answer}" if template == "dapo" else answer
+
+
+def messages(question: str, template: Template, examples: Sequence[tuple[str, str]] = ()) -> list[dict]:
+    """The chat prompt: each worked example as a user turn and the reply the template asks for, then the
+    question (few-shot prompting as chat turns, as lm-evaluation-harness's `--apply_chat_template
+    --fewshot_as_multiturn` does)."""
+    turns: list[dict] = []
+    for q, a in examples:
+        turns += [{"content": prompt_text(q, template), "role": "user"}, {"content": reply_text(a, template), "role": "assistant"}]
+    return turns + [{"content": prompt_text(question, template), "role": "user"}]
+
+
+def shot_module(name: str, shot_split: str) -> str:
+    """The training module that worked examples for `name` come from: itself, or for an extrapolate module
+    the module it is a harder variant of (`arithmetic__add_or_sub_big` -> `arithmetic__add_or_sub`)."""
+    known = modules_of(shot_split)
+    for candidate in (name, name.rsplit("_", 1)[0]):
+        if candidate in known:
+            return candidate
+    raise MathematicsError(f"no module of {shot_split} to take worked examples for {name!r} from")
+
+
+SHOT_POOL = 32
+"""Worked examples are drawn per row from this many problems of the module's training split."""
+
+
+def _draw(split: str, name: str, count: int, key: str) -> list[tuple[str, str]]:
+    """`count` distinct (question, answer) of one module, seeded by `key` (Python's, numpy's and sympy's
+    generators, which the package draws from; the caller saves and restores them)."""
     import numpy as np
+    import sympy.core.random as sympy_random
+
+    random.seed(key)
+    np.random.seed(random.getrandbits(32))
+    sympy_random.rng.seed(random.getrandbits(32))  # sympy's own (`randprime` in the primality questions)
+    seen: set[str] = set()
+    out: list[tuple[str, str]] = []
+    tries = 0
+    while len(out) < count:
+        tries += 1
+        if tries > 20 * count + 100:
+            raise MathematicsError(f"{split}/{name}: only {len(out)} distinct questions in {tries - 1} draws; ask "
+                                   f"for fewer than {count}")  # fmt: skip
+        question, answer = sample(modules_of(split)[name])
+        if question not in seen:
+            seen.add(question)
+            out.append((question, answer))
+    return out
+
+
+def generate(split: str, modules: Sequence[str], per_module: int, seed: int, template: Template = "plain",
+             progress: Callable[[str], None] | None = None, *, shots: int = 0,
+             shot_split: str = "train-easy") -> list[dict]:  # fmt: skip
+    """`per_module` distinct problems of each module of `split`, as rows in the verl/DAPO schema
+    (`prepare.OUTPUT_SCHEMA`). With `shots`, each prompt first shows that many worked examples of the same
+    module, drawn from `shot_split` (a training split: a held-out prompt never shows a test problem) and
+    never the row's own question. Seeded: the same arguments give the same rows on any machine (the package
+    draws from Python's, numpy's and sympy's generators, which are re-seeded per module and restored after),
+    and the problems do not depend on `shots`."""
+    import numpy as np
+    import sympy.core.random as sympy_random
 
     _check_modules(split, modules)
     if per_module < 1:
         raise MathematicsError(f"per_module must be at least 1, got {per_module}")
-    import sympy.core.random as sympy_random
-
+    if not 0 <= shots < SHOT_POOL:
+        raise MathematicsError(f"shots must be from 0 to {SHOT_POOL - 1}, got {shots}")
     rows: list[dict] = []
     saved = random.getstate(), np.random.get_state(), sympy_random.rng.getstate()
     try:
         for k, name in enumerate(modules):
             t0 = time.time()
-            random.seed(f"{seed}/{split}/{name}")
-            np.random.seed(random.getrandbits(32))
-            sympy_random.rng.seed(random.getrandbits(32))  # sympy's own (`randprime` in the primality questions)
-            seen: set[str] = set()
-            tries = 0
-            while len(seen) < per_module:
-                tries += 1
-                if tries > 20 * per_module + 100:
-                    raise MathematicsError(f"{split}/{name}: only {len(seen)} distinct questions in {tries - 1} "
-                                           f"draws; ask for fewer than {per_module}")  # fmt: skip
-                question, answer = sample(modules_of(split)[name])
-                if question in seen:
-                    continue
-                seen.add(question)
+            pool = _draw(shot_split, shot_module(name, shot_split), SHOT_POOL, f"{seed}/shots/{name}") if shots else []
+            for i, (question, answer) in enumerate(_draw(split, name, per_module, f"{seed}/{split}/{name}")):
+                others = [ex for ex in pool if ex[0] != question]
+                examples = random.Random(f"{seed}/{split}/{name}/{i}").sample(others, shots)
                 rows.append({
                     "data_source": f"{SOURCE}/{name}",
-                    "prompt": [{"content": prompt_text(question, template), "role": "user"}],
+                    "prompt": messages(question, template, examples),
                     "ability": "MATH",
                     "reward_model": {"ground_truth": answer, "style": "rule"},
                     "extra_info": {"index": len(rows), "raw_problem": question,
-                                   "source_file": f"{SOURCE}:{split}", "source_row": len(seen) - 1},
+                                   "source_file": f"{SOURCE}:{split}", "source_row": i},
                 })  # fmt: skip
             if progress:
                 progress(f"{split}: {name} ({k + 1}/{len(modules)}): {per_module} problems in {time.time() - t0:.1f}s")
@@ -301,23 +351,30 @@ def echo_answers(question: str) -> dict[str, str]:
             "largest": max(found, key=lambda f: f[1])[0]}  # fmt: skip
 
 
+ECHO_RULES = ("last", "smallest", "largest", "constant")
+
+
 def echo_baseline(rows: list[dict]) -> dict[str, dict[str, float]]:
     """Per module: the accuracy (by the benchmark's metric) of answering every question with its last,
-    smallest or largest number, and `best`, the highest of the three. Learning counts above it."""
+    smallest or largest number, or with one `constant` answer, the module's commonest (`False` in a
+    primality module), and `best`, the highest of the four. Learning counts above it."""
     from dapo_ray.algo.reward import compute_score
 
     right: dict[str, Counter] = defaultdict(Counter)
     total: Counter = Counter()
+    answers_of: dict[str, Counter] = defaultdict(Counter)
+    for row in rows:
+        answers_of[row["data_source"].split("/", 1)[1]][row["reward_model"]["ground_truth"]] += 1
     for row in rows:
         module = row["data_source"].split("/", 1)[1]
         total[module] += 1
-        answers = echo_answers(row["extra_info"]["raw_problem"])
-        for rule in ("last", "smallest", "largest"):
+        answers = echo_answers(row["extra_info"]["raw_problem"]) | {"constant": answers_of[module].most_common(1)[0][0]}
+        for rule in ECHO_RULES:
             reply = answers.get(rule)
             right[module][rule] += bool(reply) and compute_score(reply, row["reward_model"]["ground_truth"], "exact")["acc"]
     out = {}
     for module, n in total.items():
-        shares = {rule: right[module][rule] / n for rule in ("last", "smallest", "largest")}
+        shares = {rule: right[module][rule] / n for rule in ECHO_RULES}
         out[module] = {**shares, "best": max(shares.values()), "problems": n}
     return out
 
@@ -327,7 +384,7 @@ def echo_baseline(rows: list[dict]) -> dict[str, dict[str, float]]:
 
 def write_splits(modules: Sequence[str], out_dir: str | Path, *, train_split: str = "train-easy",
                  per_module: int = 400, held_out_per_module: int = 16, seed: int = 1,
-                 template: Template = "plain", extrapolate: bool = True,
+                 template: Template = "plain", shots: int = 0, extrapolate: bool = True,
                  progress: Callable[[str], None] | None = print) -> dict:  # fmt: skip
     """Training problems from `train_split` and held-out problems from `interpolate` (and the harder
     `extrapolate` variants of the same modules) under `out_dir`, one parquet file per split, and
@@ -341,16 +398,17 @@ def write_splits(modules: Sequence[str], out_dir: str | Path, *, train_split: st
     _check_modules("interpolate", modules)
     out_dir = Path(out_dir)
     t0 = time.time()
-    train = generate(train_split, modules, per_module, seed, template, progress)
+    train = generate(train_split, modules, per_module, seed, template, progress, shots=shots, shot_split=train_split)
     seen = {r["extra_info"]["raw_problem"] for r in train}
     files = {train_split: train}
     held_out_splits = [("interpolate", list(modules))]
     if extrapolate and (harder := extrapolate_modules(modules)):
         held_out_splits.append(("extrapolate", harder))
     report: dict = {"modules": list(modules), "train_split": train_split, "seed": seed, "template": template,
-                    "files": {}, "dropped_seen_in_training": {}, "echo_baseline": {}}  # fmt: skip
+                    "shots": shots, "files": {}, "dropped_seen_in_training": {}, "echo_baseline": {}}  # fmt: skip
     for split, names in held_out_splits:
-        rows = generate(split, names, held_out_per_module, seed + 1, template, progress)
+        rows = generate(split, names, held_out_per_module, seed + 1, template, progress, shots=shots,
+                        shot_split=train_split)  # fmt: skip
         kept = [r for r in rows if r["extra_info"]["raw_problem"] not in seen]
         report["dropped_seen_in_training"][split] = len(rows) - len(kept)
         for i, r in enumerate(kept):

@@ -72,7 +72,12 @@ def test_echo_answers_and_baseline():
             for q, a in [("What is the greatest common divisor of 1368 and 57?", "57"),
                          ("What is the greatest common divisor of 12 and 18?", "6")]]  # fmt: skip
     b = mathematics.echo_baseline(rows)["numbers__gcd"]
-    assert (b["last"], b["smallest"], b["largest"], b["best"], b["problems"]) == (0.5, 0.5, 0.0, 0.5, 2)
+    assert (b["last"], b["smallest"], b["largest"], b["constant"], b["best"], b["problems"]) == (0.5, 0.5, 0.0, 0.5, 0.5, 2)
+    # where no number of the question is the answer, one answer given to every question is the baseline
+    primes = [{"data_source": "mathematics_dataset/numbers__is_prime", "extra_info": {"raw_problem": f"Is {n} prime?"},
+               "reward_model": {"ground_truth": a}} for n, a in [(91, "False"), (97, "True"), (1001, "False")]]  # fmt: skip
+    b = mathematics.echo_baseline(primes)["numbers__is_prime"]
+    assert (b["last"], b["constant"], b["best"]) == (0.0, 2 / 3, 2 / 3)
 
 
 def test_write_splits_gives_files_a_run_loads(tmp_path):
@@ -132,3 +137,39 @@ def test_the_same_seed_gives_the_same_files_in_any_process():
                               env={**os.environ, "PYTHONHASHSEED": str(h), "PYTHONPATH": str(root)}).stdout
                for h in (1, 2)}  # fmt: skip
     assert len(digests) == 1
+
+
+def test_worked_examples_come_before_the_question_from_the_training_split():
+    plain = mathematics.generate("interpolate", ["numbers__gcd"], 6, seed=4)
+    shown = mathematics.generate("interpolate", ["numbers__gcd"], 6, seed=4, shots=2)
+    # the problems and their order do not depend on the examples
+    assert [r["extra_info"] for r in shown] == [r["extra_info"] for r in plain]
+    assert [r["reward_model"] for r in shown] == [r["reward_model"] for r in plain]
+    pool = dict(mathematics._draw("train-easy", "numbers__gcd", mathematics.SHOT_POOL, "4/shots/numbers__gcd"))
+    for row, bare in zip(shown, plain, strict=True):
+        turns = row["prompt"]
+        assert [t["role"] for t in turns] == ["user", "assistant", "user", "assistant", "user"]
+        assert turns[-1] == bare["prompt"][0]
+        for asked, reply in [(turns[0], turns[1]), (turns[2], turns[3])]:
+            question = asked["content"].removesuffix(" Reply with the answer only.")
+            assert pool[question] == reply["content"] and question != row["extra_info"]["raw_problem"]
+    assert len({r["prompt"][0]["content"] for r in shown}) > 1  # drawn per row, not one fixed example
+    # an extrapolate module shows examples of the training module it is a harder variant of, in the
+    # template's reply form
+    (big,) = mathematics.generate("extrapolate", ["arithmetic__add_or_sub_big"], 1, seed=4, shots=1, template="dapo")
+    assert big["prompt"][1]["content"].startswith("Answer: ")
+    assert mathematics.shot_module("arithmetic__add_or_sub_big", "train-easy") == "arithmetic__add_or_sub"
+    with pytest.raises(mathematics.MathematicsError, match="shots must be from 0"):
+        mathematics.generate("interpolate", ["numbers__gcd"], 1, seed=4, shots=mathematics.SHOT_POOL)
+
+
+def test_prompts_with_worked_examples_load_and_show_their_question(tmp_path):
+    from dapo_ray.evaluate import first_words, with_problems
+
+    mathematics.write_splits(["numbers__gcd"], tmp_path, per_module=5, held_out_per_module=3, shots=1,
+                             extrapolate=False, progress=None)  # fmt: skip
+    rows, report = load_prompts([str(tmp_path / "interpolate.parquet")], template="none")
+    assert report.kept == len(rows) > 0 and all(len(r["messages"]) == 3 for r in rows)
+    shown = with_problems([{"uid": r["uid"]} for r in rows], rows)
+    assert [s["problem"] for s in shown] == [first_words(r["messages"][-1]["content"], 100) for r in rows]
+    assert json.loads((tmp_path / "mathematics.json").read_text())["shots"] == 1
