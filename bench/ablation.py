@@ -77,8 +77,8 @@ def run_one(rung: str, seed: int, max_generated: int, eval_every: int, out: Path
             "dynamic_sampling/generated_groups", "ledger/resampled")}}
         for e, g in zip(summary["steps_log"], _cumulative(summary["steps_log"], cfg.rollout.n), strict=True)
     ]  # fmt: skip
-    evals = [{k: e[k] for k in ("step", "generated", "train_s", "eval/avg_at_k", "eval/pass_at_k")}
-             for e in summary["evals"]]  # fmt: skip
+    evals = [{k: v for k, v in e.items() if k in ("step", "generated", "train_s", "eval/avg_at_k", "eval/pass_at_k")
+              or k.startswith("eval/avg_at_k/")} for e in summary["evals"]]  # per data_source too  # fmt: skip
     return {"rung": rung, "seed": seed, "config": str(config), "max_generated": max_generated, "extra": extra,
             "train_s": summary["train_s"], "eval_s": summary["eval_s"], "totals": summary["totals"],
             "n": cfg.rollout.n, "steps": steps, "evals": evals}  # fmt: skip
@@ -94,6 +94,39 @@ def load(path: Path) -> dict:
     for e in result["evals"]:
         e["train_min"] = max((s["train_min"] for s in result["steps"] if s["step"] <= e["step"]), default=0.0)
     return result
+
+
+LOW_ECHO = 0.05
+"""A Mathematics Dataset module counts towards `--low-echo` when its echo baseline is under this."""
+
+
+def low_echo_modules(report: Path, split: str = "interpolate") -> list[str]:
+    """The held-out modules of `dapo-ray prepare-mathematics`'s report whose echo baseline (a number of the
+    question, or one constant answer) is under 5%: where learning cannot be echoing."""
+    baseline = json.loads(report.read_text())["echo_baseline"][split]
+    return sorted(m for m, b in baseline.items() if b["best"] < LOW_ECHO)
+
+
+def with_low_echo(result: dict, modules: list[str]) -> dict:
+    """`result` with `eval/avg_at_k/low-echo` at each evaluation: the mean over `modules` of their
+    held-out accuracy (each module weighs the same)."""
+    for e in result["evals"]:
+        e["eval/avg_at_k/low-echo"] = statistics.fmean(e[f"eval/avg_at_k/mathematics_dataset/{m}"] for m in modules)
+    return result
+
+
+def low_echo_table(results: list[dict], modules: list[str]) -> str:
+    """Per run: held-out accuracy over the low-echo modules at the start and at the end, its ratio and
+    gain, and minutes of training."""
+    lines = [f"Held-out avg@k over the {len(modules)} modules whose echo baseline is under {LOW_ECHO:.0%} "
+             f"({', '.join(modules)}):", "",
+             "| run | start | end | end / start | gain, points | minutes of training |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in results:
+        a, b = r["evals"][0]["eval/avg_at_k/low-echo"], r["evals"][-1]["eval/avg_at_k/low-echo"]
+        ratio = f"{b / a:.2f}x" if a else "-"
+        lines.append(f"| {r['rung']} seed {r['seed']} | {a:.1%} | {b:.1%} | {ratio} | {100 * (b - a):+.1f} | "
+                     f"{r['evals'][-1]['train_min']:.1f} |")  # fmt: skip
+    return "\n".join(lines)
 
 
 def _cumulative(steps_log: list[dict], n: int) -> list[int]:
@@ -147,15 +180,17 @@ def table(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(results: list[dict], path: Path, x: str = "generated") -> None:
-    """Held-out avg@8 (each seed's own points), mean reward, response length and entropy (mean and min-max
-    over seeds) against `x`: generated responses ("generated") or minutes of training ("train_min")."""
+def plot(results: list[dict], path: Path, x: str = "generated", held_out: str = "eval/avg_at_k") -> None:
+    """Held-out avg@8 (each seed's own points; `held_out`: which), mean reward, response length and entropy
+    (mean and min-max over seeds) against `x`: generated responses ("generated") or minutes of training
+    ("train_min")."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("held-out avg@8", "evals", "eval/avg_at_k"), ("mean reward", "steps", "critic/score/mean"),
+    title = "held-out avg@k" + (", low-echo modules" if held_out.endswith("low-echo") else "")
+    panels = [(title, "evals", held_out), ("mean reward", "steps", "critic/score/mean"),
               ("response length (tokens)", "steps", "response_length/mean"), ("entropy", "steps", "actor/entropy")]  # fmt: skip
     fig, axes = plt.subplots(1, 4, figsize=(20, 4.5))
     for ax, (title, series, key) in zip(axes, panels, strict=True):
@@ -192,6 +227,9 @@ def main() -> int:
                     help="config overrides for every run, after the rung's own")
     ap.add_argument("--out", type=Path, default=ROOT / "runs/ablation")
     ap.add_argument("--config", type=Path, default=CONFIG, help="the task (default: the reasoning-length one)")
+    ap.add_argument("--low-echo", type=Path, metavar="MATHEMATICS_JSON",
+                    help="prepare-mathematics's report: also give held-out accuracy over the modules whose echo "
+                         "baseline is under 5%% (table, and the plots' held-out panel)")  # fmt: skip
     ap.add_argument("--one", nargs=2, metavar=("RUNG", "SEED"), help=argparse.SUPPRESS)  # a child process
     args = ap.parse_args()
     out = args.out.resolve()
@@ -232,10 +270,16 @@ def main() -> int:
     text = table(results)
     if args.extra:
         text = f"Overrides on every run: `{' '.join(args.extra)}`\n\n{text}"
+    held_out = "eval/avg_at_k"
+    if args.low_echo:
+        modules = low_echo_modules(args.low_echo)
+        results = [with_low_echo(r, modules) for r in results]
+        text += "\n\n" + low_echo_table(results, modules)
+        held_out = "eval/avg_at_k/low-echo"
     print(text)
     (out / "ablation.md").write_text(text + "\n")
-    plot(results, out / "ablation.png")
-    plot(results, out / "ablation-minutes.png", x="train_min")
+    plot(results, out / "ablation.png", held_out=held_out)
+    plot(results, out / "ablation-minutes.png", x="train_min", held_out=held_out)
     print(f"[ablation] {out / 'ablation.md'}, {out / 'ablation.png'}  ({(time.time() - t0) / 60:.0f} min)")
     return 0
 

@@ -313,6 +313,10 @@ class TrainerConfig:
     max_generated: int = 0
     """Also stop once this many responses have been generated (0: no limit). Dynamic sampling generates
     more per step than it trains on, so runs compared at equal generation (the ablation ladder) set it."""
+    max_train_minutes: float = 0.0
+    """Also stop once this process's steps have taken this many minutes (their own time, as the report's
+    minutes of training count it: held-out evaluations, start-up and saves left out; 0: no limit). Runs
+    compared at an equal budget of time set it."""
     num_workers: int = 1
     """Ray Train workers (data-parallel ranks)."""
     use_gpu: bool = False
@@ -731,6 +735,7 @@ def validate(cfg: Config) -> None:
     )
     check(t.lr > 0 and t.warmup_steps >= 0 and t.total_steps >= 1, "trainer.lr, warmup_steps, total_steps")
     check(t.max_generated >= 0, "trainer.max_generated must be >= 0 (0: no limit)")
+    check(t.max_train_minutes >= 0, "trainer.max_train_minutes must be >= 0 (0: no limit)")
     check(set(cfg.data.synthetic.operators) <= set("+-*") and cfg.data.synthetic.operators != "",
           f"data.synthetic.operators must be a non-empty subset of '+-*', got {cfg.data.synthetic.operators!r}")  # fmt: skip
     check(

@@ -335,7 +335,7 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
     run.start_training()
     clock = StepClock()
     try:
-        while run.step < t.total_steps and not run.generation_budget_spent():
+        while run.step < t.total_steps and not run.budget_spent():
             # 1. Take a batch of kept groups (dynamic sampling); the next one may start generating now.
             clock.start()
             b = run.producer.take(run.step, prefetch=run.step + 1 < t.total_steps)
@@ -533,13 +533,12 @@ class _Run:
         self.producer.close()
         self.status.close()
 
-    def generation_budget_spent(self) -> bool:
-        t, n = self.cfg.trainer, self.cfg.rollout.n
-        if t.max_generated and self.totals["generated_groups"] * n >= t.max_generated:
-            log(f"stopping at step {self.step}: {self.totals['generated_groups'] * n} responses generated "
-                f"(trainer.max_generated={t.max_generated})")
-            return True
-        return False
+    def budget_spent(self) -> bool:
+        why = budget_spent(self.cfg.trainer, self.totals["generated_groups"] * self.cfg.rollout.n,
+                           training_s(self.summary, self.step))  # fmt: skip
+        if why:
+            log(f"stopping at step {self.step}: {why}")
+        return bool(why)
 
     def count(self, fill):
         """Add a batch's filling to the run's totals; say why when it is not a full batch."""
@@ -725,6 +724,23 @@ class _Run:
         summary["wall_s"] = time.time() - t_start
         log(f"final model: {final}  ({summary['wall_s']:.0f}s in all)")
         return summary
+
+
+def budget_spent(t, generated: int, train_s: float) -> str:
+    """Why a run with `generated` responses and `train_s` seconds of training stops before
+    trainer.total_steps: its generation budget or its time budget spent; "" while neither is.
+
+    >>> from dapo_ray.config import TrainerConfig
+    >>> budget_spent(TrainerConfig(max_train_minutes=0.5), 64, 31.0)
+    '31s of training (trainer.max_train_minutes=0.5)'
+    >>> budget_spent(TrainerConfig(max_train_minutes=0.5, max_generated=100), 64, 29.0)
+    ''
+    """
+    if t.max_generated and generated >= t.max_generated:
+        return f"{generated} responses generated (trainer.max_generated={t.max_generated})"
+    if t.max_train_minutes and train_s >= t.max_train_minutes * 60:
+        return f"{train_s:.0f}s of training (trainer.max_train_minutes={t.max_train_minutes:g})"
+    return ""
 
 
 def training_s(summary: dict, step: int) -> float:

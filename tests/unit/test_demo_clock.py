@@ -3,8 +3,10 @@
 import re
 from pathlib import Path
 
-from dapo_ray.config import DEFAULT_CONFIG, load_config
-from dapo_ray.driver import StepClock, training_s
+import pytest
+
+from dapo_ray.config import DEFAULT_CONFIG, ConfigError, load_config
+from dapo_ray.driver import StepClock, budget_spent, training_s
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,6 +27,18 @@ def test_minutes_of_training_are_the_steps_own_time_up_to_a_step():
     assert [training_s(summary, s) for s in (0, 1, 2, 3, 9)] == [0.0, 55.0, 85.0, 125.0, 125.0]
     # A resumed run's log starts at the step it resumed from: only this process's steps count.
     assert training_s({"steps_log": summary["steps_log"][1:]}, 3) == 70.0
+
+
+def test_a_run_stops_at_its_budget_of_responses_or_of_minutes_of_training():
+    def trainer(*overrides):
+        return load_config(ROOT / DEFAULT_CONFIG, list(overrides)).trainer
+
+    assert budget_spent(trainer(), 10**9, 10**9) == ""  # no budget: only total_steps stops it
+    assert budget_spent(trainer("trainer.max_train_minutes=30"), 10**9, 1799.0) == ""
+    assert budget_spent(trainer("trainer.max_train_minutes=30"), 0, 1800.0) == "1800s of training (trainer.max_train_minutes=30)"
+    assert "responses generated" in budget_spent(trainer("trainer.max_generated=640", "trainer.max_train_minutes=30"), 640, 0.0)
+    with pytest.raises(ConfigError, match="max_train_minutes must be >= 0"):
+        trainer("trainer.max_train_minutes=-1")
 
 
 def test_a_batch_with_nothing_to_train_on_counts_in_the_next_steps_time():

@@ -173,3 +173,23 @@ def test_prompts_with_worked_examples_load_and_show_their_question(tmp_path):
     shown = with_problems([{"uid": r["uid"]} for r in rows], rows)
     assert [s["problem"] for s in shown] == [first_words(r["messages"][-1]["content"], 100) for r in rows]
     assert json.loads((tmp_path / "mathematics.json").read_text())["shots"] == 1
+
+
+def test_the_ablation_reads_accuracy_over_the_modules_no_echo_can_solve(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import ablation
+
+    report = tmp_path / "mathematics.json"
+    report.write_text(json.dumps({"echo_baseline": {"interpolate": {
+        "numbers__gcd": {"best": 0.25}, "arithmetic__add_or_sub": {"best": 0.0}, "numbers__is_prime": {"best": 0.049}}}}))
+    modules = ablation.low_echo_modules(report)
+    assert modules == ["arithmetic__add_or_sub", "numbers__is_prime"]
+    key = "eval/avg_at_k/mathematics_dataset/"
+    result = {"rung": "dapo", "seed": 1, "evals": [
+        {"train_min": 0.0, key + "numbers__gcd": 0.5, key + "arithmetic__add_or_sub": 0.02, key + "numbers__is_prime": 0.04},
+        {"train_min": 30.0, key + "numbers__gcd": 0.9, key + "arithmetic__add_or_sub": 0.10, key + "numbers__is_prime": 0.20}]}
+    ablation.with_low_echo(result, modules)
+    assert [round(e["eval/avg_at_k/low-echo"], 6) for e in result["evals"]] == [0.03, 0.15]  # gcd left out
+    assert "| dapo seed 1 | 3.0% | 15.0% | 5.00x | +12.0 | 30.0 |" in ablation.low_echo_table([result], modules)
