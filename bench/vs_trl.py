@@ -11,7 +11,7 @@ warm-up.
 Each side runs in its own process, one after the other (TRL first), and writes `<out>/<setting>-<side>.json`;
 the comparison goes to stdout and `<out>/<setting>.md` (`--out`: runs/vs_trl). `--seed N` sets both
 sides' seeds (TRL's `seed`; dapo-ray's `trainer.seed` and `data.seed`: sampling, shuffling) from the same
-start model, and names the results `<setting>-sN`. `--dapo-from RUN.json` takes the dapo-ray side from a
+start model, and names the results `<setting>-sN`. `--trl-from DIR` takes the TRL side from an earlier comparison (DIR/trl.json) and runs dapo-ray alone. `--dapo-from RUN.json` takes the dapo-ray side from a
 run of `bench/ablation.py` (rung `dapo`) with the same config, seed, steps and `--set` (its tracking switch aside) instead of running it again. `--set KEY=VALUE ...` overrides the config both sides
 read (TRL takes only the shared settings above; e.g. `algorithm.carry_over=true
 algorithm.max_policy_lag=2` changes dapo-ray alone). `--report` prints the comparison again from the
@@ -325,6 +325,8 @@ def report(a: argparse.Namespace, res: dict[str, dict], cfg) -> str:
     r = cfg.rollout
     if d.get("from"):
         lines += ["", f"The dapo-ray side is the run saved in {d['from']} (same config, seed and steps)."]
+    if t.get("from"):
+        lines += ["", f"The TRL side is the run saved in {t['from']} (same setting, seed and steps)."]
     lines += ["", f"Per step: {cfg.trainer.train_batch_size} prompts x n {r.n}, responses up to "
               f"{r.max_response_length} tokens, mini-batch {cfg.trainer.mini_batch_size}, lr {cfg.trainer.lr}."]  # fmt: skip
     return "\n".join(lines)
@@ -336,6 +338,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, help="(a), (c) steps per side (default: 300, 20)")
     ap.add_argument("--eval-every", type=int, help="(a), (c) steps between held-out evaluations (default: 50, 5)")
     ap.add_argument("--dapo-from", type=Path, help="the dapo-ray side from this bench/ablation.py run")
+    ap.add_argument("--trl-from", type=Path,
+                    help="the TRL side from this earlier comparison's folder (its trl.json: same setting, seed, steps "
+                         "and shared settings), to run dapo-ray alone with overrides TRL does not read")  # fmt: skip
     ap.add_argument("--large-steps", type=int, default=4, help="(b) timed steps per side (one more is run)")
     ap.add_argument("--k", type=int, default=8, help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=None, help="both sides' seeds (default: the config's)")
@@ -360,13 +365,16 @@ def main() -> int:
 
     if a.dapo_from:
         (out / "dapo-ray.json").write_text(json.dumps(from_ablation(a, cfg, a.dapo_from.resolve())))
+    if a.trl_from:
+        kept = json.loads((a.trl_from / "trl.json").read_text())
+        (out / "trl.json").write_text(json.dumps(kept | {"from": str(a.trl_from.resolve())}))
     if not a.report:
         try:
             import trl  # noqa: F401
         except ImportError:
             raise SystemExit("bench/vs_trl.py needs TRL: pip install -e '.[bench]'") from None
         model_dir(a, cfg, out)  # once, before either side's clock
-        for side in SIDES if not a.dapo_from else ("trl",):
+        for side in [s for s in SIDES if not (s == "trl" and a.trl_from or s == "dapo-ray" and a.dapo_from)]:
             print(f"[vs_trl] {a.setting}: {side} ...", flush=True)
             t0 = time.time()
             with (out / f"{side}.log").open("w") as f:
