@@ -9,12 +9,14 @@ algebra, numbers, comparison, measurement, polynomials, probability, calculus), 
 answer string (`-18`, `3298`, `-2/11`, `12, 5, 0.3, -0.18, -2/11`, `True`). Its splits:
 
 * `train-easy`, `train-medium`, `train-hard`: the training modules, their entropy range cut in thirds;
-* `interpolate`: the same modules over their whole range, for testing;
+* `interpolate`: the same modules at one difficulty inside the training range (entropy 8 of 3-10 for most
+  modules: `train-hard`'s level, harder than `train-easy`), for testing;
 * `extrapolate`: harder variants (`arithmetic__add_or_sub_big`, `numbers__place_value_big`, ...).
 
-The package's own hash split (`train_test_split.is_train`) keeps the values that test questions are built
-from out of training questions, so held-out problems come from `interpolate` and `extrapolate`, never
-from a training split. The paper's metric is exact match of the answer: `algo.reward`'s `exact` mode,
+Held-out problems come from `interpolate` and `extrapolate`, never from a training split, and a held-out
+question that is also a training question is dropped. The package's hash split (`train_test_split.is_train`),
+which keeps the values test questions are built from out of training questions, is used by its measurement
+and probability modules only; elsewhere a test question differs from training by its draw and difficulty. The paper's metric is exact match of the answer: `algo.reward`'s `exact` mode,
 which every row of this file is scored by (its `data_source` is `mathematics_dataset/<module>`).
 
 The package predates the Python stack it now installs into; `generator()` makes it run, in one place:
@@ -389,7 +391,7 @@ def write_splits(modules: Sequence[str], out_dir: str | Path, *, train_split: st
     """Training problems from `train_split` and held-out problems from `interpolate` (and the harder
     `extrapolate` variants of the same modules) under `out_dir`, one parquet file per split, and
     `mathematics.json`: what was written and the echo baseline of each held-out module. A held-out question
-    that also appears in training is dropped (the package's hash split makes it rare) and counted."""
+    that also appears in training is dropped and counted."""
     if train_split not in TRAIN_SPLITS:
         raise MathematicsError(f"train_split must be one of {', '.join(TRAIN_SPLITS)}, not {train_split!r}")
     if not modules:

@@ -194,3 +194,24 @@ def test_rl_steps_on_the_real_model_keep_every_replica_on_the_trainers_weights(e
     assert after.config.tie_word_embeddings
     assert after.lm_head.weight.data_ptr() == after.model.embed_tokens.weight.data_ptr()
     assert not torch.equal(before.model.embed_tokens.weight, after.model.embed_tokens.weight)
+
+
+def test_the_mathematics_configs_worked_examples_fit_its_prompt_length_in_the_real_template(hf):
+    """`make mathematics` writes prompts with three worked examples (`--shots 3`) as earlier chat turns: each
+    module's, in training and held out, fits `mathematics_cpu.yaml`'s data.max_prompt_length through SmolLM2's
+    ChatML template, the examples' replies render as the assistant's turns, and the prompt ends by opening
+    the assistant's reply to the question itself."""
+    from dapo_ray import mathematics
+
+    _, tokenizer = hf
+    cfg = load_config("workflows/configs/mathematics_cpu.yaml")
+    rows = [r for split, modules in (("train-easy", mathematics.CPU_MODULES), ("interpolate", mathematics.CPU_MODULES),
+                                     ("extrapolate", mathematics.extrapolate_modules(mathematics.CPU_MODULES)))
+            for r in mathematics.generate(split, modules, 3, seed=1, shots=3)]  # fmt: skip
+    lengths = []
+    for r in rows:
+        text = tokenizer.apply_chat_template(r["prompt"], add_generation_prompt=True, tokenize=False)
+        lengths.append(len(tokenizer(text)["input_ids"]))
+        assert text.count("<|im_start|>assistant\n") == 4 and text.endswith("<|im_start|>assistant\n")
+        assert f"<|im_start|>assistant\n{r['prompt'][1]['content']}{IM_END}" in text
+    assert max(lengths) <= cfg.data.max_prompt_length, max(lengths)
