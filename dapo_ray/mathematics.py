@@ -356,21 +356,30 @@ def echo_answers(question: str) -> dict[str, str]:
 ECHO_RULES = ("last", "smallest", "largest", "constant")
 
 
-def echo_baseline(rows: list[dict]) -> dict[str, dict[str, float]]:
+def commonest_answers(rows: list[dict]) -> dict[str, str]:
+    """Module -> its commonest answer in `rows` (the training problems): what a policy that gives one answer
+    to every question of a module would have learned to say."""
+    answers: dict[str, Counter] = defaultdict(Counter)
+    for row in rows:
+        answers[row["data_source"].split("/", 1)[1]][row["reward_model"]["ground_truth"]] += 1
+    return {module: c.most_common(1)[0][0] for module, c in answers.items()}
+
+
+def echo_baseline(rows: list[dict], constants: dict[str, str] | None = None) -> dict[str, dict[str, float]]:
     """Per module: the accuracy (by the benchmark's metric) of answering every question with its last,
-    smallest or largest number, or with one `constant` answer, the module's commonest (`False` in a
-    primality module), and `best`, the highest of the four. Learning counts above it."""
+    smallest or largest number, or with one `constant` answer, the module's commonest training answer
+    (`constants`, from `commonest_answers`; `False` in a primality module), and `best`, the highest of the
+    four. Learning counts above it."""
     from dapo_ray.algo.reward import compute_score
 
     right: dict[str, Counter] = defaultdict(Counter)
     total: Counter = Counter()
-    answers_of: dict[str, Counter] = defaultdict(Counter)
-    for row in rows:
-        answers_of[row["data_source"].split("/", 1)[1]][row["reward_model"]["ground_truth"]] += 1
     for row in rows:
         module = row["data_source"].split("/", 1)[1]
         total[module] += 1
-        answers = echo_answers(row["extra_info"]["raw_problem"]) | {"constant": answers_of[module].most_common(1)[0][0]}
+        answers = echo_answers(row["extra_info"]["raw_problem"])
+        if constants and module in constants:
+            answers["constant"] = constants[module]
         for rule in ECHO_RULES:
             reply = answers.get(rule)
             right[module][rule] += bool(reply) and compute_score(reply, row["reward_model"]["ground_truth"], "exact")["acc"]
@@ -416,7 +425,8 @@ def write_splits(modules: Sequence[str], out_dir: str | Path, *, train_split: st
         for i, r in enumerate(kept):
             r["extra_info"]["index"] = i
         files[split] = kept
-        report["echo_baseline"][split] = echo_baseline(kept)
+        trained = commonest_answers(train)  # an extrapolate module's: its training module's
+        report["echo_baseline"][split] = echo_baseline(kept, {m: trained[shot_module(m, train_split)] for m in names})
     for split, rows in files.items():
         path = out_dir / f"{split}.parquet"
         write_parquet(rows, path)

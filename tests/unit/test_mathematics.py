@@ -72,12 +72,18 @@ def test_echo_answers_and_baseline():
             for q, a in [("What is the greatest common divisor of 1368 and 57?", "57"),
                          ("What is the greatest common divisor of 12 and 18?", "6")]]  # fmt: skip
     b = mathematics.echo_baseline(rows)["numbers__gcd"]
-    assert (b["last"], b["smallest"], b["largest"], b["constant"], b["best"], b["problems"]) == (0.5, 0.5, 0.0, 0.5, 0.5, 2)
-    # where no number of the question is the answer, one answer given to every question is the baseline
-    primes = [{"data_source": "mathematics_dataset/numbers__is_prime", "extra_info": {"raw_problem": f"Is {n} prime?"},
-               "reward_model": {"ground_truth": a}} for n, a in [(91, "False"), (97, "True"), (1001, "False")]]  # fmt: skip
-    b = mathematics.echo_baseline(primes)["numbers__is_prime"]
+    assert (b["last"], b["smallest"], b["largest"], b["constant"], b["best"], b["problems"]) == (0.5, 0.5, 0.0, 0.0, 0.5, 2)
+    # where no number of the question is the answer, the commonest training answer given to every
+    # question is the baseline; it is learned from training, never from the held-out answers themselves
+    def prime_rows(pairs):
+        return [{"data_source": "mathematics_dataset/numbers__is_prime", "extra_info": {"raw_problem": f"Is {n} prime?"},
+                 "reward_model": {"ground_truth": a}} for n, a in pairs]  # fmt: skip
+
+    constants = mathematics.commonest_answers(prime_rows([(4, "False"), (7, "True"), (9, "False")]))
+    assert constants == {"numbers__is_prime": "False"}
+    b = mathematics.echo_baseline(prime_rows([(91, "False"), (97, "True"), (1001, "False")]), constants)["numbers__is_prime"]
     assert (b["last"], b["constant"], b["best"]) == (0.0, 2 / 3, 2 / 3)
+    assert mathematics.echo_baseline(prime_rows([(97, "True")]), constants)["numbers__is_prime"]["best"] == 0.0
 
 
 def test_write_splits_gives_files_a_run_loads(tmp_path):
