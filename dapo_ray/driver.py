@@ -527,11 +527,16 @@ class _Run:
         self.pace.mark(self.step)
         self.live = {"started": time.time(), "last": ""}
         self.status = StatusLine(lambda: f"step {self.step + 1}/{total} running {duration(time.time() - self.live['started'])}"
-                                         f"  {self.pace.eta()}  {self.live['last']}  {self.held_out}")  # fmt: skip
+                                         f"  {self.pace.eta(self.budget_left_s())}  {self.live['last']}  {self.held_out}")  # fmt: skip
 
     def stop_training(self) -> None:
         self.producer.close()
         self.status.close()
+
+    def budget_left_s(self) -> float | None:
+        """Seconds of training left in trainer.max_train_minutes (None without one): what the ETA is capped at."""
+        t = self.cfg.trainer
+        return max(0.0, t.max_train_minutes * 60 - training_s(self.summary, self.step)) if t.max_train_minutes else None
 
     def budget_spent(self) -> bool:
         why = budget_spent(self.cfg.trainer, self.totals["generated_groups"] * self.cfg.rollout.n,
@@ -584,7 +589,7 @@ class _Run:
                                                    f"acc {metrics['rollout/acc_all_generated']:.1%}")  # fmt: skip
         unstated, rewarded = metrics["reward/unstated_rewarded_ratio"], metrics["reward/rewarded_responses"]
         alarm = alarm_up(unstated, rewarded, self.cfg.reward.alarm_share)
-        _print_step(self.step, self.cfg.trainer.total_steps, metrics, fill, self.pace.eta(), self.sync_checked,
+        _print_step(self.step, self.cfg.trainer.total_steps, metrics, fill, self.pace.eta(self.budget_left_s()), self.sync_checked,
                     self.held_out, alarm)  # fmt: skip
         if alarm:
             log(alarm_message(unstated, rewarded, f"at step {self.step}", self.replies_at))

@@ -41,14 +41,16 @@ class Pace:
         """Step `step` has just finished (or, the first mark, the run starts there)."""
         self.marks.append((step, time.time() if now is None else now))
 
-    def eta_s(self) -> float | None:
+    def eta_s(self, budget_left_s: float | None = None) -> float | None:
+        """Seconds to the last step; at most `budget_left_s` when a time budget ends the run sooner."""
         if len(self.marks) < 2:
-            return None
+            return budget_left_s
         (s0, t0), (s1, t1) = self.marks[0], self.marks[-1]
-        return (t1 - t0) / (s1 - s0) * max(0, self.total - s1) if s1 > s0 else None
+        eta = (t1 - t0) / (s1 - s0) * max(0, self.total - s1) if s1 > s0 else None
+        return min(eta, budget_left_s) if eta is not None and budget_left_s is not None else eta
 
-    def eta(self) -> str:
-        eta = self.eta_s()
+    def eta(self, budget_left_s: float | None = None) -> str:
+        eta = self.eta_s(budget_left_s)
         return "ETA --" if eta is None else f"ETA {duration(eta)}"
 
 

@@ -29,6 +29,7 @@ def test_eta_from_the_recent_pace():
     assert pace.eta_s() == pytest.approx(86 * (16.0 - 2.0) / 3)  # the last 3 steps only (12, 13, 14)
     pace.mark(100, now=30.0)
     assert pace.eta_s() == 0
+    assert Pace(total=10**6).eta_s(budget_left_s=900.0) == 900.0  # a time budget caps it
 
 
 class _Terminal(io.StringIO):
