@@ -374,7 +374,8 @@ def main() -> int:
         except ImportError:
             raise SystemExit("bench/vs_trl.py needs TRL: pip install -e '.[bench]'") from None
         model_dir(a, cfg, out)  # once, before either side's clock
-        for side in [s for s in SIDES if not (s == "trl" and a.trl_from or s == "dapo-ray" and a.dapo_from)]:
+        taken = {"trl": a.trl_from, "dapo-ray": a.dapo_from}  # a side taken from an earlier run is not run
+        for side in [s for s in SIDES if not taken[s]]:
             print(f"[vs_trl] {a.setting}: {side} ...", flush=True)
             t0 = time.time()
             with (out / f"{side}.log").open("w") as f:

@@ -417,6 +417,7 @@ def write_splits(modules: Sequence[str], out_dir: str | Path, *, train_split: st
         held_out_splits.append(("extrapolate", harder))
     report: dict = {"modules": list(modules), "train_split": train_split, "seed": seed, "template": template,
                     "shots": shots, "files": {}, "dropped_seen_in_training": {}, "echo_baseline": {}}  # fmt: skip
+    trained = commonest_answers(train)  # the constant rule's answers; an extrapolate module's: its training module's
     for split, names in held_out_splits:
         rows = generate(split, names, held_out_per_module, seed + 1, template, progress, shots=shots,
                         shot_split=train_split)  # fmt: skip
@@ -425,7 +426,6 @@ def write_splits(modules: Sequence[str], out_dir: str | Path, *, train_split: st
         for i, r in enumerate(kept):
             r["extra_info"]["index"] = i
         files[split] = kept
-        trained = commonest_answers(train)  # an extrapolate module's: its training module's
         report["echo_baseline"][split] = echo_baseline(kept, {m: trained[shot_module(m, train_split)] for m in names})
     for split, rows in files.items():
         path = out_dir / f"{split}.parquet"
