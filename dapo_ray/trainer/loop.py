@@ -199,7 +199,7 @@ class _Prepared(NamedTuple):
     """A micro-batch ready for the update: its tensors and what the pass before the update made of it."""
 
     m: Micro
-    old_BT: torch.Tensor | None  # behaviour log-probs (None: from the update's forward, `one_update`)
+    old_BT: torch.Tensor | None  # behaviour log-probs (None: from the update's forward, `first_from_update`)
     ref_BT: torch.Tensor | None  # the reference model's, with a KL term
     is_w_BT: torch.Tensor | None  # rollout-correction weights, with `algorithm.rollout_is`
 
@@ -244,20 +244,23 @@ def _prepare(engine, ref, shard: list[dict], version: int, cfg: Config, totals: 
     further generation round after the sync holds a few such groups. Every rank decides alike, micro-batch
     by micro-batch (each rank holds as many: `build_shards`): under ZeRO-3 a forward is a collective.
 
-    When the step makes one optimizer update (one mini-batch, one PPO epoch) and has no KL term, no pass runs
-    here: the update starts from the current weights, so its own forward pass gives their log-probs, taken
-    detached as the old ones (as verl's actor does on-policy); `_micro_step` completes those micro-batches."""
-    if one_update(ref, shard, cfg):
-        return [(mini, [_Prepared(pad_micro(samples, PAD_ID), None, None, None) for samples in mini["micro"]])
-                for mini in shard]  # fmt: skip
+    With one PPO epoch and no KL term the first mini-batch needs no pass here: its update starts from the
+    current weights, so its own forward pass gives their log-probs, taken detached as the old ones (as
+    verl's actor does on-policy); `_micro_step` completes those micro-batches. A step of one optimizer
+    update therefore runs no pass at all, and one of M updates runs it on M - 1 mini-batches."""
+    first = 1 if first_from_update(ref, cfg) else 0
+    prepared = [(mini, [_Prepared(pad_micro(samples, PAD_ID), None, None, None) for samples in mini["micro"]])
+                for mini in shard[:first]]  # fmt: skip
+    if len(shard) == first:
+        return prepared
     fresh_here = [float(any(s["weight"] > 0 and max(s["token_versions"], default=-1) >= version for s in micro))
-                  for mini in shard for micro in mini["micro"]]  # fmt: skip
+                  for mini in shard[first:] for micro in mini["micro"]]  # fmt: skip
     # Every rank joins this all-reduce, with a reference model too.
     fresh = collective.all_reduce(torch.tensor(fresh_here or [0.0]), engine.device, op="max").tolist()
     engine.eval()
-    prepared, j = [], 0
+    j = 0
     with torch.no_grad():
-        for mini in shard:
+        for mini in shard[first:]:
             micros = []
             for samples in mini["micro"]:
                 m = pad_micro(samples, PAD_ID)
@@ -268,9 +271,10 @@ def _prepare(engine, ref, shard: list[dict], version: int, cfg: Config, totals: 
     return prepared
 
 
-def one_update(ref, shard: list[dict], cfg: Config) -> bool:
-    """Whether this step's old log-probs come from its only update's forward pass (`_prepare`)."""
-    return ref is None and cfg.trainer.ppo_epochs == 1 and len(shard) == 1
+def first_from_update(ref, cfg: Config) -> bool:
+    """Whether the first mini-batch's old log-probs come from its update's forward pass (`_prepare`): it
+    is updated from the weights that sampled the step's current tokens, and never again."""
+    return ref is None and cfg.trainer.ppo_epochs == 1
 
 
 def _prepare_micro(engine, ref, m: Micro, version: int, recompute: bool, cfg: Config, totals: _Totals,
@@ -344,7 +348,7 @@ def _micro_step(engine, p: _Prepared, mini: dict, with_entropy: bool, version: i
     ids_BL, att_BL = m.ids_BL.to(device), m.att_BL.to(device)
     logp_BT, ent_BT = engine(ids_BL, att_BL, cfg.rollout.temperature, with_entropy=with_entropy,
                              first_target=m.first_target)  # fmt: skip
-    if p.old_BT is None:  # the step's only update: these are the current weights' log-probs (`one_update`)
+    if p.old_BT is None:  # the step's first update: these are the current weights' log-probs (`first_from_update`)
         old_BT, is_w_BT = _behaviour(m, logp_BT.detach().float().cpu(), version, cfg, totals, correction)
         p = p._replace(old_BT=old_BT, is_w_BT=is_w_BT)
     if ent_BT is not None:

@@ -85,12 +85,13 @@ def test_no_correction_logs_nothing_of_it(gloo_group, model_dir):
 
 def test_old_logprobs_are_recomputed_only_for_micro_batches_holding_current_tokens(gloo_group, model_dir):
     """Only the micro-batches that hold a response of the current version (3) run the forward pass; they get
-    the same behaviour log-probs as when every micro-batch runs it, the others the engine's."""
+    the same behaviour log-probs as when every micro-batch runs it, the others the engine's. (Two epochs: the
+    first mini-batch is prepared too, as it is updated twice.)"""
     from dapo_ray.trainer.loop import _CorrectionTotals, _prepare, _Totals
 
     versions = [2] * 16
     versions[5] = 3  # one fresh response
-    cfg, engine, ref, shard = _setup(model_dir, [], versions)
+    cfg, engine, ref, shard = _setup(model_dir, ["trainer.ppo_epochs=2"], versions)
     counting, calls = _counting(engine)
     prepared = _prepare(counting, ref, shard, 3, cfg, _Totals(), _CorrectionTotals())
     micros = [p for _, ps in prepared for p in ps]
@@ -123,26 +124,27 @@ def _counting(engine):
 
 
 @pytest.mark.parametrize("rollout_is", ["none", "token"])
-def test_a_step_of_one_update_takes_old_logprobs_from_the_updates_own_forward(gloo_group, model_dir, monkeypatch,
-                                                                              rollout_is):  # fmt: skip
-    """One mini-batch and one epoch: no pass before the update, and the same step (statistics, gradient,
-    weights after) as with that pass."""
+@pytest.mark.parametrize(("mini", "passes_before"), [(16, 0), (8, 2)], ids=["one-update", "two-updates"])
+def test_the_first_update_takes_old_logprobs_from_its_own_forward(gloo_group, model_dir, monkeypatch, rollout_is,
+                                                                  mini, passes_before):  # fmt: skip
+    """One epoch: no pass before the update for the first mini-batch (with one mini-batch, none at all), and
+    the same step (statistics, gradient, weights after) as with that pass."""
     from dapo_ray.trainer import loop
 
     versions = [3, 2] * 8  # half of the responses of the current version
-    overrides = ["trainer.mini_batch_size=16", f"algorithm.rollout_is={rollout_is}"]
+    overrides = [f"trainer.mini_batch_size={mini}", f"algorithm.rollout_is={rollout_is}"]
 
     def step(shortcut: bool):
-        monkeypatch.setattr(loop, "one_update", lambda *_: shortcut)
-        cfg, engine, ref, shard = _setup(model_dir, overrides, versions, mini=16)
+        monkeypatch.setattr(loop, "first_from_update", lambda *_: shortcut)
+        cfg, engine, ref, shard = _setup(model_dir, overrides, versions, mini=mini)
         counting, calls = _counting(engine)
         m = loop.train_step(counting, ref, shard, 3, cfg, world=1)
         return m, len(calls), [p.detach().clone() for p in engine.module.parameters()]
 
     fast, n_fast, after_fast = step(True)
     full, n_full, after_full = step(False)
-    assert (n_fast, n_full) == (4, 8)  # 4 micro-batches: the update's passes, and the pass before it
-    assert fast["actor/updates"] == 1 and 0.0 < fast["actor/rollout_logprob_diff"]
+    assert (n_fast, n_full) == (4 + passes_before, 8)  # 4 micro-batches: the updates' passes, and passes before
+    assert fast["actor/updates"] == 16 // mini and 0.0 < fast["actor/rollout_logprob_diff"]
     for key in full:
         if not key.startswith("timing/"):
             assert fast[key] == pytest.approx(full[key], rel=1e-5, abs=1e-7), key
