@@ -184,7 +184,8 @@ class RolloutConfig:
     """Engine weights dtype; `auto` lets vLLM choose (bfloat16 on CPU, even for float32 checkpoints);
     `fastest`: bfloat16 on a GPU or a CPU with bf16 instructions, else float32 (`fastest_dtype`)."""
     cpus_per_replica: int = 1
-    """Logical CPUs reserved by each replica."""
+    """Logical CPUs reserved by each replica; on the CPU engine also the threads it computes with (Ray sets
+    `OMP_NUM_THREADS` to it, and vLLM keeps it)."""
     resources: dict[str, float] = field(default_factory=dict)
     """Ray custom resources each replica needs, e.g. `{rollout: 1}`: replicas then land only on nodes
     that declare them (a rollout node group), apart from the trainers."""

@@ -237,3 +237,11 @@ def test_the_engines_start_up_time_is_a_checked_key():
         load_config(overrides=["data.source=synthetic", "rollout.engine_ready_timout_s=900"])
     with pytest.raises(ConfigError, match=r"rollout\.engine_ready_timeout_s must be >= 1, got 0"):
         load_config(overrides=["data.source=synthetic", "rollout.engine_ready_timeout_s=0"])
+
+
+@pytest.mark.parametrize("name", ["smollm2_cpu.yaml", "mathematics_cpu.yaml"])
+def test_the_real_model_configs_update_more_than_once_a_step_so_clip_higher_can_bind(name):
+    """With one update a step the ratio is exactly 1 on it and Clip-Higher is a switch that does nothing."""
+    cfg = load_config(ROOT / "workflows" / "configs" / name)
+    assert cfg.trainer.train_batch_size * cfg.rollout.n // cfg.trainer.mini_batch_size >= 2
+    assert cfg.algorithm.eps_high > cfg.algorithm.eps_low
