@@ -39,6 +39,10 @@ def test_train_job_submitted_with_the_cli(tiny_model_dir, multinode_cluster, tmp
         "trainer.num_workers=2", f"trainer.total_steps={STEPS}", "trainer.train_batch_size=4",
         "trainer.gen_batch_size=8", "trainer.mini_batch_size=16", "trainer.micro_batch_size=4",
         "trainer.save_every=0", "eval.every=0", "data.synthetic.num_eval=8", "eval.n=2",
+        # Four one-group updates a step at the config's lr (5e-4) can collapse the tiny model within two steps
+        # (every reply "Answe"), and the run then rightly stops early, with fewer steps than asked: this test is
+        # about the job, so it trains gently.
+        "trainer.lr=1e-4",
     ]  # fmt: skip
     job_id = f"dapo-mn-{uuid.uuid4().hex[:8]}"
     url = multinode_cluster.dashboard_url
