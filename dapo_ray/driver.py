@@ -282,6 +282,15 @@ class Stack:
                 raise RuntimeError(f"the trainer workers restarted from the checkpoint of step {res['step']} while "
                                    f"saving the model of step {step}; run the same command again to resume")  # fmt: skip
 
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """End the trainer workers without a final model (a stop request, after the step's checkpoint) and
+        wait for `fit()` to return: a thread still inside a Ray call when the driver shuts the cluster down
+        can crash the process (SIGSEGV). Past `timeout_s` (a scheduler's grace period is short) it goes on."""
+        from dapo_ray.trainer.channel import STOP
+
+        self._put([STOP] * self.num_workers)
+        self.fit_thread.join(timeout=timeout_s)
+
     def close(self) -> None:
         from ray import serve
 
@@ -697,6 +706,7 @@ class _Run:
     def stopped_by(self, signal: str, t_start: float) -> dict:
         """A stop request's end: the checkpoint is saved; no final model, no final evaluation."""
         t = self.cfg.trainer
+        self.stack.stop()
         self.tracker.close(status="KILLED")
         self.summary.update(steps=self.step, end_cursor=self.cursor.state_dict(), train_s=time.time() - self.t_train,
                             totals=self.totals, wall_s=time.time() - t_start)  # fmt: skip

@@ -14,6 +14,10 @@ import asyncio
 
 import ray
 
+# The shard that ends a worker without the final model: the driver was stopped (Ctrl-C, SIGTERM) after
+# the step's checkpoint. None ends it with the final model.
+STOP = "stop"
+
 
 @ray.remote(num_cpus=0)
 class Channel:

@@ -28,6 +28,7 @@ from dapo_ray.config import Config
 from dapo_ray.ray_metrics import TrainerMetrics, run_name
 from dapo_ray.trainer import collective
 from dapo_ray.trainer.batch import Micro, pad_micro
+from dapo_ray.trainer.channel import STOP
 from dapo_ray.trainer.policy import PolicyLM, head_chunks
 
 # Loss statistics averaged over tokens (weighted by each micro-batch's token count).
@@ -524,7 +525,7 @@ def train_loop(params: dict) -> None:
 
     while True:
         item = ray.get(channel.get_shard.remote(rank))
-        if item is None:
+        if item is None or item == STOP:
             break
         if item["minis"] is None:  # checkpoint only (dynamic sampling stopped at its cap)
             _report(engine, {"step": step}, item["save"], step, rank)
@@ -551,7 +552,7 @@ def train_loop(params: dict) -> None:
         if rank == 0:
             ray.get(channel.put_result.remote({"kind": "step", **metrics}))
 
-    if params.get("final_dir"):
+    if item is None and params.get("final_dir"):
         _save_final(engine, cfg, params["final_dir"], rank)
         if rank == 0:
             ray.get(channel.put_result.remote({"kind": "final", "path": params["final_dir"]}))
