@@ -140,6 +140,10 @@ def test_synthetic_short_flavour_and_too_small_space():
     assert all(r["solution"] == f"Answer: {r['ground_truth']}" for r in tr)
     with pytest.raises(ValueError, match="distinct problems"):
         synthetic_prompts(100, 10, max_operand=3)
+    # Every problem of a small space can be asked for: the demo trains on all the sums the held-out set leaves.
+    tr, ev = synthetic_prompts(377, 64, max_operand=20, style="question")
+    texts = [r["messages"][0]["content"] for r in tr + ev]
+    assert len(texts) == len(set(texts)) == 441  # none twice, none both trained and held out
 
 
 def test_symbols_style_is_left_to_right():
