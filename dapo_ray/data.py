@@ -341,7 +341,7 @@ def synthetic_prompts(
         raise ValueError("need 2 <= min_terms <= num_terms and min_operand <= max_operand")
     values, ops = max_operand - min_operand + 1, len(operators)
     space = sum(values**k * ops ** (k - 1) for k in range(lowest, num_terms + 1))
-    if space < num_train + num_eval:  # drawn by rejection: asking for all of a small space stays quick (441: ~2,500 draws)
+    if space < num_train + num_eval:  # drawn by rejection: asking for all of a small space stays quick (all 441: about 3,000 draws)
         raise ValueError(
             f"only {space} distinct problems exist for these knobs; {num_train} + {num_eval} asked "
             "(widen max_operand or num_terms)"
