@@ -87,6 +87,8 @@ class Micro:
     first_target: int = 0
     """The first position that predicts a trained response token (the shortest prompt's length - 1; 0
     when no response is trained): the output head runs from here on (`PolicyLM`)."""
+    prefix_B: torch.Tensor | None = None
+    """Each row's prompt length - 1: the tokens `PolicyLM` runs once per distinct prompt (share_prompts)."""
 
 
 def pad_micro(micro: list[Sample], pad_id: int) -> Micro:
@@ -108,21 +110,25 @@ def pad_micro(micro: list[Sample], pad_id: int) -> Micro:
         version[i, p - 1 : p - 1 + len(tv)] = torch.tensor(tv, dtype=torch.long)
     adv = torch.tensor([s["advantage"] for s in micro])
     first = min((s["n_prompt"] - 1 for s in micro if s["weight"] > 0), default=0)
-    return Micro(ids, att, mask, adv, roll, version, first)
+    prefix = torch.tensor([s["n_prompt"] - 1 for s in micro])
+    return Micro(ids, att, mask, adv, roll, version, first, prefix)
 
 
 def build_shards(samples: list[Sample], world_size: int, mini_batch_size: int, micro_batch_size: int,
                  seed: int, micro_batch_tokens: int = 0) -> list[list[dict]]:  # fmt: skip
     """shards[rank] = list of mini-batches, each {"micro": [[Sample]], "total_tokens", "total_seqs"}.
 
-    Samples are shuffled (`seed`) and cut into mini-batches of `mini_batch_size`. Without a token budget
-    (`micro_batch_tokens` 0) rank r takes every world_size-th response of a mini-batch (padded with dummies
-    to a full one) in micro-batches of `micro_batch_size`. With one, the ranks share the mini-batch's
+    Groups (runs of samples with one prompt, as `flatten_groups` lays them out) are shuffled (`seed`), each
+    kept whole, and the samples cut into mini-batches of `mini_batch_size`. Without a token budget
+    (`micro_batch_tokens` 0) rank r takes the r-th consecutive slice of a mini-batch (padded with dummies
+    to a full one) in micro-batches of `micro_batch_size`: a micro-batch holds few distinct prompts, which
+    `PolicyLM` runs once each (trainer.share_prompts). With one, the ranks share the mini-batch's
     responses by length (each response, longest first, to the rank with the fewest tokens so far), each
     rank packs its part (`pack_by_tokens`), and ranks with fewer micro-batches get one-dummy micro-batches
     up to the most any rank has."""
-    samples = list(samples)
-    random.Random(seed).shuffle(samples)
+    groups = _prompt_runs(samples)
+    random.Random(seed).shuffle(groups)
+    samples = [s for g in groups for s in g]
     n_mini = max(1, math.ceil(len(samples) / mini_batch_size))
     shards: list[list[dict]] = [[] for _ in range(world_size)]
     for m in range(n_mini):
@@ -137,11 +143,26 @@ def build_shards(samples: list[Sample], world_size: int, mini_batch_size: int, m
         else:
             chunk = chunk + [DUMMY] * (mini_batch_size - len(chunk))
             per_rank = mini_batch_size // world_size
-            micro = [[chunk[r::world_size][i : i + micro_batch_size] for i in range(0, per_rank, micro_batch_size)]
-                     for r in range(world_size)]  # fmt: skip
+            micro = [[chunk[r * per_rank + i : r * per_rank + min(i + micro_batch_size, per_rank)]
+                      for i in range(0, per_rank, micro_batch_size)] for r in range(world_size)]  # fmt: skip
         for r in range(world_size):
             shards[r].append({"micro": micro[r], "total_tokens": float(tokens), "total_seqs": float(seqs)})
     return shards
+
+
+def _prompt_runs(samples: list[Sample]) -> list[list[Sample]]:
+    """Consecutive samples with the same prompt, as lists (a group's responses, from `flatten_groups`)."""
+    runs: list[list[Sample]] = []
+    for s in samples:
+        if runs and _prompt(runs[-1][0]) == _prompt(s):
+            runs[-1].append(s)
+        else:
+            runs.append([s])
+    return runs
+
+
+def _prompt(s: Sample) -> list[int]:
+    return s["input_ids"][: s["n_prompt"]]
 
 
 def _share_by_length(chunk: list[Sample], world_size: int) -> list[list[Sample]]:

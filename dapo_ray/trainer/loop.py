@@ -115,13 +115,14 @@ def build_engines(cfg: Config, world: int):
     lm = load_causal_lm(cfg.rollout.model_path, dtype, config, t.attn_implementation)
     if t.gradient_checkpointing:
         lm.gradient_checkpointing_enable()
-    policy = PolicyLM(lm, logprob_chunks(cfg))
+    share = t.share_prompts and not t.gradient_checkpointing
+    policy = PolicyLM(lm, logprob_chunks(cfg), share)
     optimizer = make_optimizer(policy.parameters(), cfg)
     engine, *_ = deepspeed.initialize(model=policy, optimizer=optimizer, config=config)
     ref = None
     if cfg.algorithm.kl_coef > 0:
         ref = PolicyLM(load_causal_lm(cfg.rollout.model_path, dtype, config, t.attn_implementation),
-                       logprob_chunks(cfg))  # fmt: skip
+                       logprob_chunks(cfg), share)  # fmt: skip
         ref.requires_grad_(False)
         ref.eval()
         if t.zero_stage == 3:  # stays partitioned; DeepSpeed gathers each layer as it runs
@@ -284,9 +285,9 @@ def _prepare_micro(engine, ref, m: Micro, version: int, recompute: bool, cfg: Co
     temperature, logp_BT, ref_BT = cfg.rollout.temperature, None, None
     if recompute:
         ids_BL, att_BL = m.ids_BL.to(engine.device), m.att_BL.to(engine.device)
-        logp_BT = engine(ids_BL, att_BL, temperature, first_target=m.first_target)[0].float().cpu()
+        logp_BT = engine(ids_BL, att_BL, temperature, first_target=m.first_target, prefix_B=m.prefix_B)[0].float().cpu()
         if ref is not None:
-            ref_BT = ref(ids_BL, att_BL, temperature, first_target=m.first_target)[0].float().cpu()
+            ref_BT = ref(ids_BL, att_BL, temperature, first_target=m.first_target, prefix_B=m.prefix_B)[0].float().cpu()
     old_BT, is_w_BT = _behaviour(m, logp_BT, version, cfg, totals, correction)
     return _Prepared(m, old_BT, ref_BT, is_w_BT)
 
@@ -348,7 +349,7 @@ def _micro_step(engine, p: _Prepared, mini: dict, with_entropy: bool, version: i
     a, device, m = cfg.algorithm, engine.device, p.m
     ids_BL, att_BL = m.ids_BL.to(device), m.att_BL.to(device)
     logp_BT, ent_BT = engine(ids_BL, att_BL, cfg.rollout.temperature, with_entropy=with_entropy,
-                             first_target=m.first_target)  # fmt: skip
+                             first_target=m.first_target, prefix_B=m.prefix_B)  # fmt: skip
     if p.old_BT is None:  # the step's first update: these are the current weights' log-probs (`first_from_update`)
         old_BT, is_w_BT = _behaviour(m, logp_BT.detach().float().cpu(), version, cfg, totals, correction)
         p = p._replace(old_BT=old_BT, is_w_BT=is_w_BT)

@@ -93,6 +93,38 @@ def test_responses_end_with_the_end_of_turn_token_and_detokenize_as_the_tokenize
     assert stopped > 0
 
 
+def test_shared_prompts_score_the_real_model_as_whole_rows(hf, prompt_ids):
+    """trainer.share_prompts on SmolLM2's chat-templated prompts (BPE, ChatML, tied embeddings): each
+    prompt run once and its responses against its cached keys and values give the log-probs and the
+    gradient (the tied embedding's included) of whole rows."""
+    from dapo_ray.trainer.batch import pad_micro
+    from dapo_ray.trainer.policy import PolicyLM
+
+    model, tok = hf
+    g = torch.Generator().manual_seed(0)
+    samples = []
+    for prompt in prompt_ids[:2]:
+        for r in (3, 9, 14):
+            resp = torch.randint(100, tok.vocab_size, (r,), generator=g).tolist()
+            samples.append({"input_ids": prompt + resp, "n_prompt": len(prompt), "weight": 1.0, "advantage": 1.0,
+                            "rollout_logprobs": [-1.0] * r, "token_versions": [0] * r})  # fmt: skip
+    m = pad_micro(samples, 0)
+    out = {}
+    try:
+        for share in (False, True):
+            model.zero_grad(set_to_none=True)
+            logp, _ = PolicyLM(model, 1, share)(m.ids_BL, m.att_BL, 1.0, first_target=m.first_target,
+                                                prefix_B=m.prefix_B)  # fmt: skip
+            (logp * m.mask_BT).sum().backward()
+            out[share] = (logp.detach() * m.mask_BT, model.get_input_embeddings().weight.grad.clone(),
+                          model.model.layers[3].self_attn.k_proj.weight.grad.clone())  # fmt: skip
+    finally:
+        model.zero_grad(set_to_none=True)
+    torch.testing.assert_close(out[True][0], out[False][0], rtol=1e-5, atol=1e-4)
+    for shared, whole in zip(out[True][1:], out[False][1:], strict=True):  # summed in another order
+        assert float((shared - whole).norm() / whole.norm()) < 1e-4
+
+
 def test_a_weight_sync_of_tied_embeddings_leaves_the_engine_computing_the_updated_models_logprobs(
     engine, hf, prompt_ids, ray_cluster
 ):

@@ -68,6 +68,25 @@ def test_shards_have_equal_structure_and_global_counts():
     assert shards[0][0]["total_tokens"] == shards[1][0]["total_tokens"]
 
 
+def test_shards_keep_each_group_whole_in_one_micro_batch():
+    """Groups are shuffled, not their responses: with micro-batches of a group's size each holds one prompt
+    (which PolicyLM then runs once), and the seed still decides the order."""
+    groups = []
+    for i in range(5):
+        g = score_group(group(["Answer: 12", "Answer: 1", "Answer: 12", "Answer: 3"], [3, 4, 5, 6], ["stop"] * 4), SPEC)
+        groups.append(g | {"prompt_ids": [5, 6, 7 + i]})
+    samples = flatten_groups(groups)
+    orders = set()
+    for seed in range(4):
+        shards = build_shards(samples, world_size=2, mini_batch_size=8, micro_batch_size=4, seed=seed)
+        micros = [micro for shard in shards for m in shard for micro in m["micro"]]
+        real = [[s for s in micro if s is not DUMMY] for micro in micros]
+        assert sorted(len(r) for r in real) == [0, 4, 4, 4, 4, 4]  # 5 groups of 4, and a micro-batch of dummies
+        assert all(len({tuple(s["input_ids"][:3]) for s in r}) <= 1 for r in real)
+        orders.add(tuple(r[0]["input_ids"][2] for r in real if r))
+    assert len(orders) > 1
+
+
 def test_sharded_loss_sums_to_the_whole_batch_loss():
     """What the trainer does across ranks and micro-batches gives the loss of the whole mini-batch."""
     groups = [score_group(group(["Answer: 12", "Answer: 1"], [2 + i, 5], ["stop", "stop"]), SPEC) for i in range(4)]

@@ -147,3 +147,63 @@ def test_eager_attention_scores_as_sdpa_does(tmp_path):
         out[impl] = (logp.detach() * att[:, 1:], lm.model.layers[0].self_attn.q_proj.weight.grad)
     torch.testing.assert_close(out["eager"][0], out["sdpa"][0], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out["eager"][1], out["sdpa"][1], rtol=1e-4, atol=1e-6)
+
+
+def _grouped_micro(V: int, seed: int = 0):
+    """Rows as a trainer micro-batch holds them: two prompts of different lengths, several responses each
+    (one empty), and a dummy."""
+    from dapo_ray.trainer.batch import DUMMY, pad_micro
+
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(1, V, (n,), generator=g).tolist() for n in (7, 4)]
+    samples = []
+    for p, r in [(0, 6), (0, 3), (1, 8), (0, 1), (1, 2), (1, 0)]:
+        resp = torch.randint(1, V, (r,), generator=g).tolist()
+        samples.append({"input_ids": prompts[p] + resp, "n_prompt": len(prompts[p]), "weight": 1.0 if r else 0.0,
+                        "advantage": 1.0, "rollout_logprobs": [-1.0] * r, "token_versions": [0] * r})  # fmt: skip
+    return pad_micro([*samples, DUMMY], 0)
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager"])
+def test_shared_prompts_score_as_whole_rows(tmp_path, impl):
+    """share_prompts: the decoder runs each distinct prompt once and every row's rest against its cached
+    keys and values; trained positions get the log-probs, entropies and parameter gradients of whole rows."""
+    from transformers import Qwen2ForCausalLM
+
+    from dapo_ray.tiny_model import tiny_config
+    from dapo_ray.trainer.zero import load_causal_lm
+
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(tiny_config(vocab_size=97, hidden=32, layers=2)).save_pretrained(tmp_path)
+    lm = load_causal_lm(str(tmp_path), torch.float32, {"zero_optimization": {"stage": 1}}, impl).train()
+    m = _grouped_micro(97)
+    out = {}
+    for share in (False, True):
+        lm.zero_grad(set_to_none=True)
+        batches = []
+        hook = lm.get_decoder().register_forward_hook(lambda mod, args, kw, o, seen=batches: seen.append(
+            kw["input_ids"].shape), with_kwargs=True)  # fmt: skip
+        try:
+            logp, ent = PolicyLM(lm, 2, share)(m.ids_BL, m.att_BL, 0.7, with_entropy=True, first_target=m.first_target,
+                                               prefix_B=m.prefix_B)  # fmt: skip
+            (logp * m.mask_BT).sum().backward()
+        finally:
+            hook.remove()
+        grads = {n: p.grad.clone() for n, p in lm.named_parameters() if p.grad is not None}
+        out[share] = (logp.detach() * m.mask_BT, ent * m.mask_BT, grads, batches)
+    whole, shared = out[False], out[True]
+    assert logp.shape == m.mask_BT.shape and whole[0].abs().sum() > 0
+    torch.testing.assert_close(shared[0], whole[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(shared[1], whole[1], rtol=1e-5, atol=1e-5)
+    assert shared[2].keys() == whole[2].keys()
+    for name, grad in whole[2].items():
+        torch.testing.assert_close(shared[2][name], grad, rtol=1e-4, atol=1e-6)
+    # Whole rows: one pass of 7 rows. Shared: the 3 distinct prefixes (two prompts and the dummy's empty
+    # one) padded to the longest prompt less its last token, then 7 rests of at most 9 tokens.
+    assert whole[3] == [(7, 13)] and shared[3] == [(3, 6), (7, 9)]
+
+
+def test_a_shared_forward_without_prefixes_is_the_plain_one(lm):
+    """A micro-batch without `prefix_B` (as built before it existed) runs whole rows."""
+    ids, att = _batch(2, 9)
+    torch.testing.assert_close(PolicyLM(lm, 1, True)(ids, att)[0], PolicyLM(lm, 1)(ids, att)[0])

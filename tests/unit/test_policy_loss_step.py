@@ -150,3 +150,18 @@ def test_the_first_update_takes_old_logprobs_from_its_own_forward(gloo_group, mo
             assert fast[key] == pytest.approx(full[key], rel=1e-5, abs=1e-7), key
     for a, b in zip(after_fast, after_full, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_a_step_with_shared_prompts_is_the_step_without(gloo_group, model_dir):
+    """trainer.share_prompts changes how the passes run, not the step: the same clip statistics, entropy
+    and gradient norm (two updates, the second off-policy). Gradient checkpointing turns it off (it drops
+    the KV cache the shared passes need)."""
+    on = _step(model_dir, ["trainer.share_prompts=true"], token_version=3)
+    off = _step(model_dir, ["trainer.share_prompts=false"], token_version=3)
+    assert on.keys() == off.keys()
+    for key in ("actor/entropy", "actor/grad_norm", "actor/pg_clipfrac", "actor/ppo_kl", "actor/ratio_mean"):
+        assert on[key] == pytest.approx(off[key], rel=1e-4, abs=1e-6), key
+    _, engine, _, _ = _setup(model_dir, ["trainer.gradient_checkpointing=true"], 3)
+    assert engine.module.share_prompts is False
+    _, engine, _, _ = _setup(model_dir, [], 3)
+    assert engine.module.share_prompts is True
