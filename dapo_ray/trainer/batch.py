@@ -120,8 +120,9 @@ def build_shards(samples: list[Sample], world_size: int, mini_batch_size: int, m
 
     Groups (runs of samples with one prompt, as `flatten_groups` lays them out) are shuffled (`seed`), each
     kept whole, and the samples cut into mini-batches of `mini_batch_size`. Without a token budget
-    (`micro_batch_tokens` 0) rank r takes the r-th consecutive slice of a mini-batch (padded with dummies
-    to a full one) in micro-batches of `micro_batch_size`: a micro-batch holds few distinct prompts, which
+    (`micro_batch_tokens` 0) rank r takes the r-th of world_size consecutive slices of a mini-batch's
+    responses (a partial mini-batch's spread evenly), in micro-batches of `micro_batch_size` (one dummy
+    where a rank's share leaves one empty): a micro-batch holds few distinct prompts, which
     `PolicyLM` runs once each (trainer.share_prompts). With one, the ranks share the mini-batch's
     responses by length (each response, longest first, to the rank with the fewest tokens so far), each
     rank packs its part (`pack_by_tokens`), and ranks with fewer micro-batches get one-dummy micro-batches
@@ -141,13 +142,24 @@ def build_shards(samples: list[Sample], world_size: int, mini_batch_size: int, m
             n_micro = max(1, max(len(x) for x in micro))
             micro = [x + [[DUMMY]] * (n_micro - len(x)) for x in micro]
         else:
-            chunk = chunk + [DUMMY] * (mini_batch_size - len(chunk))
             per_rank = mini_batch_size // world_size
-            micro = [[chunk[r * per_rank + i : r * per_rank + min(i + micro_batch_size, per_rank)]
-                      for i in range(0, per_rank, micro_batch_size)] for r in range(world_size)]  # fmt: skip
+            chunk = _deal_by_length(chunk, world_size)
+            share = math.ceil(len(chunk) / world_size)  # a partial mini-batch's responses, spread evenly
+            parts = [chunk[r * share : (r + 1) * share] for r in range(world_size)]
+            # As many micro-batches on every rank; one that would hold only padding gets a single dummy.
+            micro = [[part[i : i + micro_batch_size] or [DUMMY] for i in range(0, per_rank, micro_batch_size)]
+                     for part in parts]  # fmt: skip
         for r in range(world_size):
             shards[r].append({"micro": micro[r], "total_tokens": float(tokens), "total_seqs": float(seqs)})
     return shards
+
+
+def _deal_by_length(chunk: list[Sample], world_size: int) -> list[Sample]:
+    """The mini-batch's groups reordered so that its consecutive rank slices get alike work: sorted by
+    their longest sequence (a micro-batch is padded to its longest) and dealt in turn, the r-th slice
+    taking groups r, r + world_size, ... Example, 4 groups longest first A B C D, 2 ranks: A C | B D."""
+    groups = sorted(_prompt_runs(chunk), key=lambda g: -max(len(s["input_ids"]) for s in g))
+    return [s for r in range(world_size) for g in groups[r::world_size] for s in g]
 
 
 def _prompt_runs(samples: list[Sample]) -> list[list[Sample]]:

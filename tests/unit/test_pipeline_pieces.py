@@ -59,8 +59,10 @@ def test_shards_have_equal_structure_and_global_counts():
     assert len(samples) == 10 and samples[0]["input_ids"][:3] == [5, 6, 7] and samples[0]["n_prompt"] == 3
     shards = build_shards(samples, world_size=2, mini_batch_size=8, micro_batch_size=2, seed=0)
     assert len(shards) == 2
-    for shard in shards:  # 2 mini-batches (8 + 2 padded to 8), 2 micro-batches of 2 each per rank
-        assert len(shard) == 2 and all(len(m["micro"]) == 2 and all(len(x) == 2 for x in m["micro"]) for m in shard)
+    for shard in shards:  # 2 mini-batches (8, then 2 spread over the ranks), 2 micro-batches each per rank
+        assert len(shard) == 2 and all(len(m["micro"]) == 2 for m in shard)
+        assert [len(x) for x in shard[0]["micro"]] == [2, 2] and [len(x) for x in shard[1]["micro"]] == [1, 1]
+        assert shard[1]["micro"][1] == [DUMMY]  # an empty micro-batch holds one dummy
     real = [s for shard in shards for m in shard for micro in m["micro"] for s in micro if s is not DUMMY]
     assert len(real) == 10
     tokens = sum(len(s["input_ids"]) - 3 for s in samples)
@@ -70,7 +72,8 @@ def test_shards_have_equal_structure_and_global_counts():
 
 def test_shards_keep_each_group_whole_in_one_micro_batch():
     """Groups are shuffled, not their responses: with micro-batches of a group's size each holds one prompt
-    (which PolicyLM then runs once), and the seed still decides the order."""
+    (which PolicyLM then runs once), and the seed still decides the order. A partial mini-batch is spread
+    over the ranks, not left to the first."""
     groups = []
     for i in range(5):
         g = score_group(group(["Answer: 12", "Answer: 1", "Answer: 12", "Answer: 3"], [3, 4, 5, 6], ["stop"] * 4), SPEC)
@@ -81,10 +84,22 @@ def test_shards_keep_each_group_whole_in_one_micro_batch():
         shards = build_shards(samples, world_size=2, mini_batch_size=8, micro_batch_size=4, seed=seed)
         micros = [micro for shard in shards for m in shard for micro in m["micro"]]
         real = [[s for s in micro if s is not DUMMY] for micro in micros]
-        assert sorted(len(r) for r in real) == [0, 4, 4, 4, 4, 4]  # 5 groups of 4, and a micro-batch of dummies
-        assert all(len({tuple(s["input_ids"][:3]) for s in r}) <= 1 for r in real)
+        assert sorted(len(r) for r in real) == [2, 2, 4, 4, 4, 4]  # 5 groups of 4, the last split over the ranks
+        assert all(len({tuple(s["input_ids"][:3]) for s in r}) == 1 for r in real)
         orders.add(tuple(r[0]["input_ids"][2] for r in real if r))
     assert len(orders) > 1
+
+
+def test_ranks_get_groups_of_alike_length():
+    """In a mini-batch, the ranks' slices are dealt from the groups sorted by their longest response (a
+    micro-batch is padded to its longest): with longest 40, 30, 20, 10, rank 0 gets 40 and 20, rank 1 30
+    and 10, whatever the shuffle."""
+    groups = [score_group(group(["Answer: 12", "Answer: 1"], [3, longest], ["stop"] * 2), SPEC) | {"prompt_ids": [5, i]}
+              for i, longest in enumerate([10, 40, 20, 30])]  # fmt: skip
+    for seed in range(3):
+        shards = build_shards(flatten_groups(groups), world_size=2, mini_batch_size=8, micro_batch_size=2, seed=seed)
+        longest = [[max(len(s["input_ids"]) - 2 for s in micro) for micro in shard[0]["micro"]] for shard in shards]
+        assert longest == [[40, 20], [30, 10]]
 
 
 def test_sharded_loss_sums_to_the_whole_batch_loss():
