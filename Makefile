@@ -30,6 +30,7 @@ bench:            ## benchmarks that print figures beside their baselines
 	$(PY) bench/logprob_memory.py
 	$(PY) bench/weight_transport.py
 	$(PY) bench/weight_sync.py
+	$(PY) bench/share_prompts.py
 
 lint:
 	$(VENV)/bin/ruff check dapo_ray tests bench workflows

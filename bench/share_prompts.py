@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from dapo_ray.smollm2 import build_smollm2
 from dapo_ray.trainer.batch import pad_micro
 from dapo_ray.trainer.policy import PolicyLM
 from dapo_ray.trainer.zero import load_causal_lm
@@ -56,7 +57,7 @@ def time_passes(policy: PolicyLM, m) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=".cache/smollm2-135m-instruct")
+    ap.add_argument("--model", default=".cache/smollm2-135m-instruct", help="SmolLM2's HF directory (built if absent)")
     ap.add_argument("--groups", type=int, default=2)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=46)
@@ -65,7 +66,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    lm = load_causal_lm(args.model, torch.float32, {"zero_optimization": {"stage": 1}}, "eager")
+    model = build_smollm2(args.model)  # written from its wheel the first time, reused after
+    lm = load_causal_lm(str(model), torch.float32, {"zero_optimization": {"stage": 1}}, "eager")
     m = micro_batch(args.groups, args.n, args.prompt_len, args.resp_min, args.resp_max, lm.config.vocab_size)
     rows, width = m.ids_BL.shape
     print(f"micro-batch: {rows} rows of {args.groups} prompt(s) x {args.n}, prompt {args.prompt_len} tokens, "
