@@ -51,7 +51,7 @@ class PolicyLM(torch.nn.Module):
         later pass departs from it. A fixed count makes every forward, and its backward recompute, alike
         on every rank and for every micro-batch, whatever its rows and length.
 
-        No KV cache: `use_cache` defaults to the model config's (true for Qwen2) and transformers turns it
+        No KV cache of whole rows: `use_cache` defaults to the model config's (true for Qwen2) and transformers turns it
         off only for gradient checkpointing in training; a no-grad pass would build one (~6 GB at 32B and
         22.5k tokens) for nothing.
 
@@ -123,9 +123,8 @@ def _shared_prefix_hidden(decoder: torch.nn.Module, ids_BL: torch.Tensor, att_BL
     Returns (hidden [B, R, H], the rest's token ids [B, R] (padding 0), prefix_B)."""
     device = ids_BL.device
     n_B = att_BL.sum(dim=1)
-    starts = prefix_B.tolist()
-    index: dict[tuple[int, ...], int] = {}
-    rows = [index.setdefault(tuple(ids_BL[b, :s].tolist()), len(index)) for b, s in enumerate(starts)]
+    index: dict[tuple[int, ...], int] = {}  # distinct prefix -> its row in the prefix pass
+    rows = [index.setdefault(tuple(ids[:s]), len(index)) for ids, s in zip(ids_BL.tolist(), prefix_B.tolist(), strict=True)]
     P = max(1, max(len(k) for k in index))
     pre_ids = torch.zeros(len(index), P, dtype=ids_BL.dtype, device=device)
     pre_att = torch.zeros(len(index), P, dtype=att_BL.dtype, device=device)
