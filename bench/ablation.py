@@ -5,7 +5,7 @@ GRPO, then + overlong filtering, + clip-higher, + soft overlong punishment, + to
 Every run starts from the same warmed-up tiny model and stops at the same number of generated responses
 (`trainer.max_generated`): dynamic sampling spends more generation per step, so rungs are compared at
 equal generation; the table also gives each rung's accuracy at an equal wall time (the fastest rung's
-total). Held-out avg@8 is evaluated every `--eval-every` steps.
+total). Held-out avg@k (k: the config's `eval.n`) is evaluated every `--eval-every` steps.
 
     python bench/ablation.py                                 # 6 rungs x 3 seeds, about 1.5 h on 2 cores
     python bench/ablation.py --rungs naive-grpo dapo --seeds 1 --max-generated 2048   # a quick look
@@ -81,7 +81,7 @@ def run_one(rung: str, seed: int, max_generated: int, eval_every: int, out: Path
               or k.startswith("eval/avg_at_k/")} for e in summary["evals"]]  # per data_source too  # fmt: skip
     return {"rung": rung, "seed": seed, "config": str(config), "max_generated": max_generated, "extra": extra,
             "train_s": summary["train_s"], "eval_s": summary["eval_s"], "totals": summary["totals"],
-            "n": cfg.rollout.n, "steps": steps, "evals": evals}  # fmt: skip
+            "n": cfg.rollout.n, "eval_n": cfg.eval.n, "steps": steps, "evals": evals}  # fmt: skip
 
 
 def load(path: Path) -> dict:
@@ -94,6 +94,16 @@ def load(path: Path) -> dict:
     for e in result["evals"]:
         e["train_min"] = max((s["train_min"] for s in result["steps"] if s["step"] <= e["step"]), default=0.0)
     return result
+
+
+def eval_k(result: dict) -> int:
+    """The samples a problem of the run's held-out evaluations (the k of avg@k); a result saved without it
+    gets it from its config and overrides."""
+    if "eval_n" in result:
+        return result["eval_n"]
+    from dapo_ray.config import load_config
+
+    return load_config(Path(result["config"]), overrides_for(result["rung"]) + result["extra"]).eval.n
 
 
 LOW_ECHO = 0.05
@@ -118,7 +128,8 @@ def with_low_echo(result: dict, modules: list[str]) -> dict:
 def low_echo_table(results: list[dict], modules: list[str]) -> str:
     """Per run: held-out accuracy over the low-echo modules at the start and at the end, its ratio and
     gain, and minutes of training."""
-    lines = [f"Held-out avg@k over the {len(modules)} modules whose echo baseline is under {LOW_ECHO:.0%} "
+    k = "/".join(sorted({str(eval_k(r)) for r in results}))
+    lines = [f"Held-out avg@{k} over the {len(modules)} modules whose echo baseline is under {LOW_ECHO:.0%} "
              f"({', '.join(modules)}):", "",
              "| run | start | end | end / start | gain, points | minutes of training |", "|---|---|---|---|---|---|"]  # fmt: skip
     for r in results:
@@ -151,7 +162,7 @@ def at(points: list[tuple[float, float]], x: float) -> float:
 
 
 def table(results: list[dict]) -> str:
-    """Per rung: held-out avg@8 at the start, at equal generation (the end) and at equal wall time,
+    """Per rung: held-out avg@k at the start, at equal generation (the end) and at equal wall time,
     mean and spread over seeds, with entropy and length over the last fifth of each run."""
     by_rung = {r: [x for x in results if x["rung"] == r] for r in NAMES}
     by_rung = {r: xs for r, xs in by_rung.items() if xs}
@@ -161,7 +172,8 @@ def table(results: list[dict]) -> str:
         mean = statistics.fmean(values)
         return f"{mean:.1%} ± {statistics.pstdev(values):.1%}" if len(values) > 1 else f"{mean:.1%}"
 
-    lines = [f"| rung | seeds | held-out avg@8 at start | at equal generation | at equal time ({equal_time:.1f} min of training) "
+    k = "/".join(sorted({str(eval_k(r)) for r in results}))
+    lines = [f"| rung | seeds | held-out avg@{k} at start | at equal generation | at equal time ({equal_time:.1f} min of training) "
              "| steps | minutes of training | entropy (last 20%) | response length (last 20%) | truncated (last 20%) |",
              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for rung, xs in by_rung.items():
@@ -181,7 +193,7 @@ def table(results: list[dict]) -> str:
 
 
 def plot(results: list[dict], path: Path, x: str = "generated", held_out: str = "eval/avg_at_k") -> None:
-    """Held-out avg@8 (each seed's own points; `held_out`: which), mean reward, response length and entropy
+    """Held-out avg@k (each seed's own points; `held_out`: which), mean reward, response length and entropy
     (mean and min-max over seeds) against `x`: generated responses ("generated") or minutes of training
     ("train_min")."""
     import matplotlib
@@ -264,7 +276,7 @@ def main() -> int:
             print(f"[ablation] {rung} seed {seed} failed (exit {rc}); see {log}", flush=True)
             return rc
         evals = load(done)["evals"]
-        print(f"[ablation]   held-out avg@8 {evals[0]['eval/avg_at_k']:.1%} -> {evals[-1]['eval/avg_at_k']:.1%}", flush=True)
+        print(f"[ablation]   held-out avg@{eval_k(load(done))} {evals[0]['eval/avg_at_k']:.1%} -> {evals[-1]['eval/avg_at_k']:.1%}", flush=True)
 
     results = [load(out / "runs" / f"{r}-s{s}.json") for r, s in todo]
     text = table(results)

@@ -193,9 +193,16 @@ def test_the_ablation_reads_accuracy_over_the_modules_no_echo_can_solve(tmp_path
     modules = ablation.low_echo_modules(report)
     assert modules == ["arithmetic__add_or_sub", "numbers__is_prime"]
     key = "eval/avg_at_k/mathematics_dataset/"
-    result = {"rung": "dapo", "seed": 1, "evals": [
+    result = {"rung": "dapo", "seed": 1, "eval_n": 4, "evals": [
         {"train_min": 0.0, key + "numbers__gcd": 0.5, key + "arithmetic__add_or_sub": 0.02, key + "numbers__is_prime": 0.04},
         {"train_min": 30.0, key + "numbers__gcd": 0.9, key + "arithmetic__add_or_sub": 0.10, key + "numbers__is_prime": 0.20}]}
     ablation.with_low_echo(result, modules)
     assert [round(e["eval/avg_at_k/low-echo"], 6) for e in result["evals"]] == [0.03, 0.15]  # gcd left out
-    assert "| dapo seed 1 | 3.0% | 15.0% | 5.00x | +12.0 | 30.0 |" in ablation.low_echo_table([result], modules)
+    table = ablation.low_echo_table([result], modules)
+    assert "| dapo seed 1 | 3.0% | 15.0% | 5.00x | +12.0 | 30.0 |" in table
+    assert table.startswith("Held-out avg@4 over the 2 modules")  # the run's own k, not a fixed 8
+    # A result saved before it carried its k reads it from its config: the Mathematics one samples 4.
+    config = Path(__file__).resolve().parents[2] / "workflows/configs/mathematics_cpu.yaml"
+    saved = {"rung": "naive-grpo", "config": str(config), "extra": []}
+    assert ablation.eval_k(saved) == 4
+    assert ablation.eval_k({**saved, "extra": ["eval.n=2"]}) == 2
