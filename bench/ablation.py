@@ -275,8 +275,9 @@ def main() -> int:
         if rc != 0:
             print(f"[ablation] {rung} seed {seed} failed (exit {rc}); see {log}", flush=True)
             return rc
-        evals = load(done)["evals"]
-        print(f"[ablation]   held-out avg@{eval_k(load(done))} {evals[0]['eval/avg_at_k']:.1%} -> {evals[-1]['eval/avg_at_k']:.1%}", flush=True)
+        result = load(done)
+        evals = result["evals"]
+        print(f"[ablation]   held-out avg@{eval_k(result)} {evals[0]['eval/avg_at_k']:.1%} -> {evals[-1]['eval/avg_at_k']:.1%}", flush=True)
 
     results = [load(out / "runs" / f"{r}-s{s}.json") for r, s in todo]
     text = table(results)
