@@ -196,11 +196,11 @@ def _prepare_mathematics(args: argparse.Namespace) -> int:
     for split, f in report["files"].items():
         print(f"[mathematics] {split}: {f['rows']} problems -> {f['path']}")
     for split, baseline in report["echo_baseline"].items():
-        print(f"\necho baseline, {split} (answer with the question's last / smallest / largest number, or the "
-              f"module's commonest training answer every time):")  # fmt: skip
+        print(f"\necho baseline, {split} (answer with the question's last / smallest / largest number, a rounding "
+              f"question's number cut at the asked place, or the module's commonest training answer every time):")  # fmt: skip
         for module, b in baseline.items():
             print(f"  {module:40s} {b['best']:6.1%}  (last {b['last']:.1%}, smallest {b['smallest']:.1%}, "
-                  f"largest {b['largest']:.1%}, constant {b['constant']:.1%})")  # fmt: skip
+                  f"largest {b['largest']:.1%}, truncate {b['truncate']:.1%}, constant {b['constant']:.1%})")  # fmt: skip
     print(f"\n[mathematics] written in {report['seconds']:.0f}s; report: {args.out_dir}/mathematics.json")
     return 0
 

@@ -338,7 +338,8 @@ _QUESTION_NUMBER_RE = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:/\d+)?(?![\w.]*\d
 
 def echo_answers(question: str) -> dict[str, str]:
     """The answers a policy that only echoes the question could give: its last, smallest and largest
-    number as written (none when the question has no number).
+    number as written (none when the question has no number), and for a rounding question its number
+    cut at the asked place (`truncate`).
 
     >>> echo_answers("What is the greatest common divisor of 1368 and 57?")
     {'last': '57', 'smallest': '57', 'largest': '1368'}
@@ -349,11 +350,57 @@ def echo_answers(question: str) -> dict[str, str]:
     found = [(text, value) for text, value in found if value is not None]
     if not found:
         return {}
-    return {"last": found[-1][0], "smallest": min(found, key=lambda f: f[1])[0],
-            "largest": max(found, key=lambda f: f[1])[0]}  # fmt: skip
+    answers = {"last": found[-1][0], "smallest": min(found, key=lambda f: f[1])[0],
+               "largest": max(found, key=lambda f: f[1])[0]}  # fmt: skip
+    if (cut := truncated(question)) is not None:
+        answers["truncate"] = cut
+    return answers
 
 
-ECHO_RULES = ("last", "smallest", "largest", "constant")
+ECHO_RULES = ("last", "smallest", "largest", "truncate", "constant")
+
+_NUMBER_WORDS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten".split())}
+_POWER_WORDS = {"integer": 0, "one": 0, "ten": 1, "one hundred": 2, "one thousand": 3, "ten thousand": 4,
+                "one hundred thousand": 5, "one million": 6}  # fmt: skip
+# The package's round_number: "Round {input} to {place}." or "What is {input} rounded to {place}?", where
+# the place is "the nearest 1000" / "the nearest one thousand" / "the nearest integer" or "2 decimal
+# places" / "two dps" (mathematics_dataset/modules/numbers.py, round_number).
+_ROUNDING_RE = re.compile(r"^(?:Round|What is) (-?[\d.]+) (?:rounded )?to (?:the nearest ([a-z ]+|\d+)|(\w+) (?:decimal places?|dps?))\W*$")
+
+
+def rounding_place(question: str) -> tuple[str, int] | None:
+    """A rounding question's number as written and the power of ten it asks to round to (-2: two decimal
+    places, 3: the nearest thousand); None for any other question."""
+    m = _ROUNDING_RE.match(question.strip())
+    if m is None:
+        return None
+    number, nearest, places = m.groups()
+    if nearest is not None:
+        power = len(nearest) - 1 if re.fullmatch(r"10*", nearest) else _POWER_WORDS.get(nearest)
+    else:
+        decimals = int(places) if places.isdigit() else _NUMBER_WORDS.get(places)
+        power = None if decimals is None else -decimals
+    return None if power is None else (number, power)
+
+
+def truncated(question: str) -> str | None:
+    """A rounding question's number cut toward zero at the asked place: what copying its digits up to that
+    place answers. Right only where rounding changes none of them (the next digit under 5, for a positive
+    number). None for any other question.
+
+    >>> truncated("What is -160150.615109 rounded to the nearest integer?"), truncated("Round 1.7372 to 2 dps.")
+    ('-160150', '1.73')
+    >>> truncated("Round -24883209.2444 to the nearest ten thousand."), truncated("Is 7 prime?")
+    ('-24880000', None)
+    """
+    from decimal import ROUND_DOWN, Decimal
+
+    if (asked := rounding_place(question)) is None:
+        return None
+    number, power = asked
+    step = Decimal(1).scaleb(power)
+    cut = (Decimal(number) / step).to_integral_value(rounding=ROUND_DOWN) * step
+    return format(cut.quantize(step) if power < 0 else cut.quantize(Decimal(1)), "f")
 
 
 def commonest_answers(rows: list[dict]) -> dict[str, str]:
@@ -367,9 +414,10 @@ def commonest_answers(rows: list[dict]) -> dict[str, str]:
 
 def echo_baseline(rows: list[dict], constants: dict[str, str] | None = None) -> dict[str, dict[str, float]]:
     """Per module: the accuracy (by the benchmark's metric) of answering every question with its last,
-    smallest or largest number, or with one `constant` answer, the module's commonest training answer
-    (`constants`, from `commonest_answers`; `False` in a primality module), and `best`, the highest of the
-    four. Learning counts above it."""
+    smallest or largest number, with a rounding question's number cut at the asked place (`truncate`), or
+    with one `constant` answer, the module's commonest training answer (`constants`, from
+    `commonest_answers`; `False` in a primality module), and `best`, the highest of the five. Learning
+    counts above it."""
     from dapo_ray.algo.reward import compute_score
 
     right: dict[str, Counter] = defaultdict(Counter)

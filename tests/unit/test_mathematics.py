@@ -72,7 +72,8 @@ def test_echo_answers_and_baseline():
             for q, a in [("What is the greatest common divisor of 1368 and 57?", "57"),
                          ("What is the greatest common divisor of 12 and 18?", "6")]]  # fmt: skip
     b = mathematics.echo_baseline(rows)["numbers__gcd"]
-    assert (b["last"], b["smallest"], b["largest"], b["constant"], b["best"], b["problems"]) == (0.5, 0.5, 0.0, 0.0, 0.5, 2)
+    assert (b["last"], b["smallest"], b["largest"], b["truncate"], b["constant"], b["best"], b["problems"]) == (
+        0.5, 0.5, 0.0, 0.0, 0.0, 0.5, 2)  # fmt: skip
     # where no number of the question is the answer, the commonest training answer given to every
     # question is the baseline; it is learned from training, never from the held-out answers themselves
     def prime_rows(pairs):
@@ -84,6 +85,58 @@ def test_echo_answers_and_baseline():
     b = mathematics.echo_baseline(prime_rows([(91, "False"), (97, "True"), (1001, "False")]), constants)["numbers__is_prime"]
     assert (b["last"], b["constant"], b["best"]) == (0.0, 2 / 3, 2 / 3)
     assert mathematics.echo_baseline(prime_rows([(97, "True")]), constants)["numbers__is_prime"]["best"] == 0.0
+
+
+@pytest.mark.parametrize("question, cut", [
+    ("Round 312.64272 to one decimal place.", "312.6"),
+    ("What is -1.08435613 rounded to 4 decimal places?", "-1.0843"),
+    ("Round 0.065688126 to 5 dps.", "0.06568"),
+    ("Round -0.00005011334 to seven decimal places.", "-0.0000501"),
+    ("What is 0.65710938 rounded to one dp?", "0.6"),
+    ("Round 14.5 to zero decimal places.", "14"),
+    ("What is -160150.615109 rounded to the nearest integer?", "-160150"),
+    ("Round 1406.7598 to the nearest one thousand.", "1000"),
+    ("Round -5626472300 to the nearest 1000000.", "-5626000000"),
+    ("What is -58346002 rounded to the nearest ten thousand?", "-58340000"),
+    ("What is 10645052.7 rounded to the nearest one million?", "10000000"),
+    ("What is 97 rounded to the nearest ten?", "90"),
+])  # fmt: skip
+def test_truncation_echo_cuts_a_rounding_question_at_its_place(question, cut):
+    assert mathematics.truncated(question) == cut
+    assert mathematics.echo_answers(question)["truncate"] == cut
+
+
+def test_truncation_echo_is_only_for_rounding_questions():
+    for question in ("What is the greatest common divisor of 1368 and 57?", "Round 12 to the nearest 300.",
+                     "Round 1.5 to the nearest fifth.", "What is 2.5 rounded to many decimal places?"):  # fmt: skip
+        assert mathematics.truncated(question) is None, question
+        assert "truncate" not in mathematics.echo_answers(question), question
+    # where the dropped digit is under 5 the cut is the rounded number, so a copying policy is paid there
+    rows = [{"data_source": "mathematics_dataset/numbers__round_number", "extra_info": {"raw_problem": q},
+             "reward_model": {"ground_truth": a}}
+            for q, a in [("Round 312.64272 to one decimal place.", "312.6"), ("Round 1.737 to 2 dps.", "1.74")]]  # fmt: skip
+    b = mathematics.echo_baseline(rows)["numbers__round_number"]
+    assert (b["truncate"], b["best"]) == (0.5, 0.5)
+
+
+def test_truncation_echo_over_the_package_questions():
+    """Every rounding question the package writes is read; where the cut is not the answer, the rounding
+    moved the last kept digit by one (the dropped digits were 5 or more), so the cut is all a copy can be."""
+    from decimal import Decimal
+
+    module = mathematics.modules_of("train-medium")["numbers__round_number"]
+    random.seed(3)
+    right = 0
+    for _ in range(200):
+        question, answer = mathematics.sample(module)
+        number, power = mathematics.rounding_place(question)
+        cut = mathematics.truncated(question)
+        assert Decimal(number).is_finite() and -7 <= power <= 6, question
+        if Decimal(cut) == Decimal(answer):
+            right += 1
+        else:
+            assert abs(Decimal(answer) - Decimal(cut)) == Decimal(1).scaleb(power), (question, answer, cut)
+    assert 0.3 < right / 200 < 0.7, right
 
 
 def test_write_splits_gives_files_a_run_loads(tmp_path):
