@@ -373,7 +373,8 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
             if run.restarted(res):
                 continue
             run.step = res["step"]
-            run.check_sync()  # the previous sync's: a replica answered while this step trained
+            probe_lp = res.pop("probe_logprobs")  # the trainer's, at the version this step published
+            run.check_sync(newer=(run.step, probe_lp))  # the previous sync's: a replica answered while this step trained
 
             # 3. Sync: every replica serves the new version before the next on-policy rollout; ask a replica
             #    for the probe's log-probs, read at the next step (see `check_sync`).
@@ -381,7 +382,7 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
             versions = stack.sync(run.step)
             run.producer.served(run.step)
             t4 = time.time()
-            run.sync_check = (run.step, stack.handle.sequence_logprobs.remote(probe_ids), res.pop("probe_logprobs"))
+            run.sync_check = (run.step, stack.handle.sequence_logprobs.remote(probe_ids), probe_lp)
 
             # 4. Log the step.
             timing = {"timing/generate_s": b.generate_s, "timing/wait_batch_s": b.waited_s + clock.idle_s, "timing/shard_s": t2 - t1,
@@ -604,20 +605,26 @@ class _Run:
             log(alarm_message(unstated, rewarded, f"at step {self.step}", self.replies_at))
         return metrics
 
-    def check_sync(self, last: bool = False) -> None:
+    def check_sync(self, last: bool = False, newer: tuple[int, list[float]] | None = None) -> None:
         """Read the latest sync's check, if one is pending: the largest difference between a replica's
-        log-probs of the probe sequence and the trainer's, at the version just synced. Recorded with the
-        step whose sync it checks (`probe_version` is the version the replica answered with). The driver
-        asks right after the sync and reads at the next step, after its training: the replica answers in
-        its first decoding steps after the load, which recompute the requests the load interrupted (4-6 s
-        on 2 CPU cores), and the driver need not wait for them. This is read before the next sync, so no
-        later load can come first. The `last` one, after the loop, gets a line of its own."""
+        log-probs of the probe sequence and the trainer's at the version the replica answered with
+        (`probe_version`). Recorded with the step whose sync it checks. The driver asks right after the
+        sync and reads at the next step, after its training: the replica answers in its first decoding
+        steps after the load, which recompute the requests the load interrupted (4-6 s on 2 CPU cores),
+        and the driver need not wait for them. A replica loads each publish as soon as the trainer makes
+        it (`RolloutServer._follow`), so one that takes the probe late (the first call on the driver's
+        handle, a busy node) answers at the version the next step published: `newer` is that (version,
+        the trainer's log-probs of the probe), and the answer is checked against it (`sync_diff`). The
+        `last` one, after the loop, gets a line of its own."""
         if self.sync_check is None:
             return
         (step, answer, trainer_lp), self.sync_check = self.sync_check, None
         t0 = time.time()
         engine_version, engine_lp = answer.result()
-        diff = max(abs(x - y) for x, y in zip(engine_lp, trainer_lp, strict=True))
+        diff = sync_diff(engine_version, engine_lp, {step: trainer_lp, **dict([newer] if newer else [])})
+        if diff is None:  # after a restart from a checkpoint: neither version the trainer just had
+            log(f"step {step}'s sync not checked: the replica answered the probe at v{engine_version}")
+            return
         checked = {"weight_sync/logprob_max_diff": diff, "timing/probe_s": time.time() - t0}
         entry = next(e for e in reversed(self.summary["steps_log"]) if e["step"] == step)
         entry["probe_version"] = engine_version
@@ -802,6 +809,21 @@ def _report(cfg: Config, tracker: Tracker) -> str:
 def _unstated(ev: dict) -> str:
     """`, unstated 62%`: an evaluation's share of rewarded replies without the reference answer, when not 0."""
     return f", unstated {ev['eval/unstated_rewarded_ratio']:.0%}" if ev["eval/unstated_rewarded_ratio"] else ""
+
+
+def sync_diff(version: int, engine_lp: list[float], trainer_lps: dict[int, list[float]]) -> float | None:
+    """The largest difference between a replica's log-probs of the probe, computed at policy `version`, and
+    the trainer's at the same version (`trainer_lps`: version -> log-probs); None when the trainer's at
+    that version are not at hand.
+
+    >>> round(sync_diff(2, [-1.0, -2.5], {1: [-1.0, -2.0], 2: [-1.0, -2.4]}), 6)
+    0.1
+    >>> sync_diff(0, [-1.0], {1: [-1.0]}) is None
+    True
+    """
+    if version not in trainer_lps:
+        return None
+    return max(abs(x - y) for x, y in zip(engine_lp, trainer_lps[version], strict=True))
 
 
 def _print_step(step: int, total: int, m: dict, fill, eta: str, sync_checked: str, held_out: str, alarm: bool) -> None:

@@ -32,7 +32,9 @@ def test_two_steps_on_one_shared_gpu(tmp_path):
         ray.shutdown()
     assert summary["steps"] == 2
     for entry in summary["steps_log"]:
-        assert entry["probe_version"] == entry["step"]
+        # the synced version, or the next step's for a replica that took the probe after that publish
+        # (checked against the trainer's log-probs at the version it answered with)
+        assert entry["probe_version"] in (entry["step"], entry["step"] + 1)
         m = entry["metrics"]
         # bf16 on both sides, different kernels: agreement to bf16 precision, not float32's.
         assert m["weight_sync/logprob_max_diff"] < 0.1, m

@@ -56,7 +56,9 @@ def test_three_steps_on_the_real_stack(tiny_model_dir, ray_cluster, tmp_path):
         # Every replica serves the new version, and the engine's log-probs equal the trainer's.
         assert len(entry["replica_versions"]) == 2
         assert set(entry["replica_versions"].values()) == {entry["step"]}
-        assert entry["probe_version"] == entry["step"]
+        # the synced version, or the next step's for a replica that took the probe after that publish
+        # (checked against the trainer's log-probs at the version it answered with)
+        assert entry["probe_version"] in (entry["step"], entry["step"] + 1)
         m = entry["metrics"]
         assert m["weight_sync/logprob_max_diff"] < 1e-4
         assert all(math.isfinite(v) for v in m.values()), m

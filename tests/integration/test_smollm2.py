@@ -217,7 +217,9 @@ def test_rl_steps_on_the_real_model_keep_every_replica_on_the_trainers_weights(e
     assert summary["steps"] == 2
     for entry in summary["steps_log"]:
         m = entry["metrics"]
-        assert entry["probe_version"] == entry["step"]
+        # the synced version, or the next step's for a replica that took the probe after that publish
+        # (checked against the trainer's log-probs at the version it answered with)
+        assert entry["probe_version"] in (entry["step"], entry["step"] + 1)
         assert m["weight_sync/logprob_max_diff"] < 1e-3, m["weight_sync/logprob_max_diff"]
         assert all(math.isfinite(v) for v in m.values()), m
         assert m["actor/updates"] >= 1
