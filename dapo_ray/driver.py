@@ -621,7 +621,10 @@ class _Run:
         (step, answer, trainer_lp), self.sync_check = self.sync_check, None
         t0 = time.time()
         engine_version, engine_lp = answer.result()
-        diff = sync_diff(engine_version, engine_lp, {step: trainer_lp, **dict([newer] if newer else [])})
+        trainer_lps = {step: trainer_lp}
+        if newer is not None:
+            trainer_lps[newer[0]] = newer[1]
+        diff = sync_diff(engine_version, engine_lp, trainer_lps)
         if diff is None:  # after a restart from a checkpoint: neither version the trainer just had
             log(f"step {step}'s sync not checked: the replica answered the probe at v{engine_version}")
             return

@@ -360,7 +360,7 @@ def echo_answers(question: str) -> dict[str, str]:
 ECHO_RULES = ("last", "smallest", "largest", "truncate", "constant")
 
 _NUMBER_WORDS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten".split())}
-_POWER_WORDS = {"integer": 0, "one": 0, "ten": 1, "one hundred": 2, "one thousand": 3, "ten thousand": 4,
+_POWER_WORDS = {"integer": 0, "ten": 1, "one hundred": 2, "one thousand": 3, "ten thousand": 4,
                 "one hundred thousand": 5, "one million": 6}  # fmt: skip
 # The package's round_number: "Round {input} to {place}." or "What is {input} rounded to {place}?", where
 # the place is "the nearest 1000" / "the nearest one thousand" / "the nearest integer" or "2 decimal
