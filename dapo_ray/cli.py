@@ -7,13 +7,16 @@ import sys
 import time
 
 from dapo_ray.config import DEFAULT_CONFIG, ConfigError, load_config
+from dapo_ray.tasks.user import RewardFunctionError
 
 
 def _check(args: argparse.Namespace) -> int:
     """Print the config's placement plan, load its data, and run the algorithm layer over it: a self-check
     that needs no Ray and no GPU."""
-    from dapo_ray.algo import compute_score, group_advantages, keep_group, soft_overlong_penalty
+    from dapo_ray.algo import group_advantages, keep_group, soft_overlong_penalty
     from dapo_ray.data import load_prompts, synthetic_rows
+    from dapo_ray.tasks import reward_spec, task_for
+    from dapo_ray.tasks.user import check_function
 
     cfg = load_config(args.config, args.overrides)
     a, r, t = cfg.algorithm, cfg.rollout, cfg.trainer
@@ -35,11 +38,20 @@ def _check(args: argparse.Namespace) -> int:
         print(f"[check] data: {report}")
     print(f"[check] e.g. {rows[0]['messages'][-1]['content'][-160:]!r} -> {rows[0]['ground_truth']!r}")
 
-    # The verifier on every ground truth, written right and written wrong.
-    right = sum(compute_score(f"Answer: {row['ground_truth']}", row["ground_truth"], cfg.reward.mode)["acc"] for row in rows)
-    wrong = sum(compute_score(f"Answer: {row['ground_truth']}1", row["ground_truth"], cfg.reward.mode)["acc"] for row in rows)
-    print(f"[check] verifier ({cfg.reward.mode}): {right}/{len(rows)} right answers accepted, "
-          f"{wrong}/{len(rows)} wrong answers accepted")  # fmt: skip
+    # The verifier on every ground truth, written right and written wrong: each row by its task's scorer, or
+    # the user's reward function (imported as the scoring stage will; its right answers are its own to say).
+    if cfg.reward.function:
+        info = check_function(reward_spec(cfg).function)
+        print(f"[check] reward function {cfg.reward.function}: {info['convention']} convention, from {info['where']}")
+        right, wrong = len(rows), 0
+    else:
+        right = sum(task_for(row["data_source"]).score(f"Answer: {row['ground_truth']}", row["ground_truth"],
+                                                       cfg.reward.mode)["acc"] for row in rows)  # fmt: skip
+        wrong = sum(task_for(row["data_source"]).score(f"Answer: {row['ground_truth']}1", row["ground_truth"],
+                                                       cfg.reward.mode)["acc"] for row in rows)  # fmt: skip
+        tasks = sorted({task_for(row["data_source"]).name for row in rows})
+        print(f"[check] verifier (tasks {', '.join(tasks)}; reward.mode {cfg.reward.mode}): {right}/{len(rows)} right "
+              f"answers accepted, {wrong}/{len(rows)} wrong answers accepted")  # fmt: skip
 
     # One group through shaping, the filter and the advantage, as a step would.
     lengths = [r.max_response_length // 4, r.max_response_length - a.overlong_cache_length // 2, r.max_response_length]
@@ -87,16 +99,18 @@ def _run(cfg) -> dict:
 
     ours = not ray.is_initialized()
     try:
-        return run(cfg)
+        return run(cfg, reward_checked=True)
     finally:
         if ours and ray.is_initialized():
             ray.shutdown()
 
 
 def _train(args: argparse.Namespace) -> int:
+    from dapo_ray.driver import check_reward
     from dapo_ray.models import ensure_model
 
     cfg = load_config(args.config, args.overrides)
+    check_reward(cfg)  # before the model is built: a broken reward function stops here
     ensure_model(cfg, only_if_missing=True)
     _run(cfg)
     return 0
@@ -105,10 +119,11 @@ def _train(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     """Build the config's model if missing (`rollout.model_source`), evaluate, train with DAPO, evaluate
     again."""
-    from dapo_ray.driver import training_s
+    from dapo_ray.driver import check_reward, training_s
     from dapo_ray.models import ensure_model
 
     cfg = load_config(args.config, args.overrides)
+    check_reward(cfg)
     ensure_model(cfg)
     summary = _run(cfg)
     before, after = summary.get("eval_before", {}), summary.get("eval_after", {})
@@ -306,6 +321,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except ConfigError as e:
         print(f"dapo-ray: config error: {e}", file=sys.stderr)
+        return 2
+    except RewardFunctionError as e:  # reward.function: cannot be loaded, or failed on too many replies
+        print(f"dapo-ray: reward function error: {e}", file=sys.stderr)
         return 2
     except FileNotFoundError as e:  # a prompt file or model directory that is not there
         print(f"dapo-ray: error: {e}", file=sys.stderr)

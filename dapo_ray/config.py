@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import types
 import typing
@@ -200,6 +201,42 @@ class RewardConfig:
     alarm_share: float = 0.2
     """Hack alarm: raised when more than this share of the replies the scorer rewarded (at least 8) do not
     state the reference answer, at a step or a held-out evaluation (`dapo_ray.replies`)."""
+    function: str = ""
+    """A reward function of your own, scoring every row instead of the built-in tasks: `path/to/file.py:name`
+    (relative to the run's working directory, which `ray job submit --working-dir .` ships to every node) or
+    `package.module:name`. verl's `compute_score(data_source, solution_str, ground_truth, extra_info=None,
+    **kwargs)` or TRL's `f(prompts, completions, **columns) -> list[float]` (`dapo_ray/tasks/user.py`)."""
+    function_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments every call of reward.function gets (verl's `reward_kwargs`)."""
+    convention: Literal["auto", "verl", "trl"] = "auto"
+    """How reward.function is called: `verl` (once per reply), `trl` (once per group, batched), or `auto`
+    (by its signature: `solution_str` is verl's, `completions` TRL's)."""
+    trl_completions: Literal["messages", "text"] = "messages"
+    """What a TRL-convention function gets as `completions`: `messages`, TRL's conversational form
+    (`[{"role": "assistant", "content": ...}]` per reply, as for chat prompts), or `text` (plain strings)."""
+    filter_metric: Literal["auto", "acc", "score"] = "auto"
+    """What Dynamic Sampling's "mixed group" reads (verl's `filter_groups.metric`): `acc` (0 < #right < G),
+    `score` (the replies' rewards differ), or `auto`: `acc` when the scorer gives one (every built-in
+    task does; a function's dict with `acc`), else `score`."""
+    right_above: float = 0.0
+    """A reply counts as right (avg@k, pass@k, the hack alarm) when reward.function gives no `acc` and
+    scores it above this."""
+    timeout_s: float = 10.0
+    """Time limit of one call of reward.function (a reply under verl's convention, a group under TRL's);
+    past it the call scores reward.on_error and counts in `reward/timeouts`."""
+    on_error: float | None = None
+    """What a call of reward.function that raises, returns something other than a finite number (NaN, inf,
+    None, text) or times out scores; null: -1, DAPO's wrong-answer score (Eq. 7)."""
+    max_error_share: float = 0.5
+    """Stop the run (with a checkpoint) when more than this share of a step's generated replies could not
+    be scored by reward.function (errors and timeouts)."""
+    states_reference: str = ""
+    """Your task's own "does this reply state the reference" check for the hack alarm,
+    `path/to/file.py:name` or `package.module:name`, `f(reply, reference) -> bool`; empty: the generic one
+    (the reference, as a number by value or as text without spaces, appears in the reply)."""
+    probe_rows: int = 4
+    """`dapo-ray train` and `demo` try reward.function on hostile replies built from this many rows of the
+    data before the run (`dapo-ray probe-reward`) and warn on what it pays; 0: skip."""
 
 
 @dataclass(frozen=True)
@@ -507,6 +544,8 @@ def _type_name(tp: Any) -> str:
 def _coerce(tp: Any, value: Any, key: str) -> Any:
     """Check / convert `value` to the annotated type `tp`; raise ConfigError naming `key`."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if tp is Any:  # reward.function_kwargs's values: the function's to check
+        return value
     if dataclasses.is_dataclass(tp):
         if not isinstance(value, dict):
             raise ConfigError(f"config key '{key}' is a section; expected a mapping, got {value!r}")
@@ -687,6 +726,17 @@ def validate(cfg: Config) -> None:
           "two policy versions old by the step that could use them, so every one would be dropped as stale; "
           "set carry_over: false (as verl) or max_policy_lag: 2")  # fmt: skip
     check(0.0 <= cfg.reward.alarm_share <= 1.0, f"reward.alarm_share must be in [0, 1], got {cfg.reward.alarm_share}")
+    rw = cfg.reward
+    check(rw.timeout_s > 0, f"reward.timeout_s must be > 0, got {rw.timeout_s}")
+    check(0.0 <= rw.max_error_share <= 1.0, f"reward.max_error_share must be in [0, 1], got {rw.max_error_share}")
+    check(rw.probe_rows >= 0, f"reward.probe_rows must be >= 0, got {rw.probe_rows}")
+    check(rw.on_error is None or math.isfinite(rw.on_error), f"reward.on_error must be a finite number, got {rw.on_error}")
+    for key, spec in (("reward.function", rw.function), ("reward.states_reference", rw.states_reference)):
+        where, sep, name = spec.rpartition(":")
+        check(not spec or (sep and where and name.isidentifier()),
+              f"{key} must look like path/to/file.py:function_name or package.module:function_name, got {spec!r}")
+    check(bool(rw.function) or not (rw.function_kwargs or rw.states_reference),
+          "reward.function_kwargs and reward.states_reference go with reward.function, which is empty")
     check(cfg.eval.print_replies >= 0 and cfg.eval.log_replies >= 0,
           f"eval.print_replies ({cfg.eval.print_replies}) and eval.log_replies ({cfg.eval.log_replies}) must be >= 0")  # fmt: skip
     w = cfg.data.warmup

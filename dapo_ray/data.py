@@ -180,7 +180,18 @@ def row_from_verl(raw: dict, uid: str) -> PromptRow:
         "ground_truth": _ground_truth(rm["ground_truth"]),
         "data_source": str(raw.get("data_source") or ""),
         "solution": "",
+        "extra_info": _extra_info(raw.get("extra_info")),
     }
+
+
+def _extra_info(raw: Any) -> dict:
+    """A row's `extra_info` (verl's column for what a reward function needs beside the reference: a
+    problem's numbers, its tests), as a plain dict; none is {}."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise RowError("bad_record", f"'extra_info' must be a mapping, got {type(raw).__name__}")
+    return raw
 
 
 def row_from_jsonl(raw: dict, uid: str) -> PromptRow:
@@ -201,6 +212,7 @@ def row_from_jsonl(raw: dict, uid: str) -> PromptRow:
         "ground_truth": _ground_truth(answer),
         "data_source": str(raw.get("data_source") or "jsonl"),
         "solution": str(raw.get("solution") or ""),
+        "extra_info": _extra_info(raw.get("extra_info")),
     }
 
 
@@ -378,15 +390,18 @@ def synthetic_rows(synthetic: dict, template: Literal["dapo", "none"]) -> tuple[
 
 
 def tokenize_prompts(rows: list[dict], tokenizer, max_prompt_length: int) -> list[dict]:
-    """Rows with `prompt_ids` (the chat template, with the generation prompt), `uid`, `ground_truth` and
-    `data_source` (which picks the scorer: `algo.mode_for`); prompts longer than `max_prompt_length`
-    tokens are left out."""
+    """Rows with `prompt_ids` (the chat template, with the generation prompt), `uid`, `ground_truth`,
+    `data_source` (which picks the task: `dapo_ray.tasks.task_for`), and the chat prompt and `extra_info` as
+    JSON (`prompt_json`, `extra_info_json`: what a reward function of the user's own is passed); prompts
+    longer than `max_prompt_length` tokens are left out."""
     out = []
     for r in rows:
         ids = tokenizer.apply_chat_template(r["messages"], add_generation_prompt=True, tokenize=True)
         if hasattr(ids, "input_ids") or isinstance(ids, dict):
             ids = ids["input_ids"]
         if len(ids) <= max_prompt_length:
+            extra = r.get("extra_info")
             out.append({"uid": r["uid"], "prompt_ids": list(ids), "ground_truth": r["ground_truth"],
-                        "data_source": r.get("data_source") or ""})  # fmt: skip
+                        "data_source": r.get("data_source") or "", "prompt_json": json.dumps(r["messages"]),
+                        "extra_info_json": json.dumps(extra, default=str) if extra else ""})  # fmt: skip
     return out

@@ -125,7 +125,8 @@ def evaluate(cfg: Config, rows: list[dict], app: str, concurrency: int) -> tuple
     sources = {f"eval/avg_at_k/{source}": v["avg_at_k"] for source, v in per_source.items()} if len(per_source) > 1 else {}
     return {"eval/avg_at_k": s["avg_at_k"], "eval/pass_at_k": s["pass_at_k"], "eval/maj_at_k": s["maj_at_k"],
             "eval/rewarded_samples": s["rewarded_samples"],
-            "eval/unstated_rewarded_ratio": s["unstated_rewarded_ratio"], **sources}, results  # fmt: skip
+            "eval/unstated_rewarded_ratio": s["unstated_rewarded_ratio"], "eval/reward_errors": s["reward_errors"],
+            **sources}, results  # fmt: skip
 
 
 def batch_metrics(batch: list[dict], generated: list[dict], version: int) -> dict[str, float]:
@@ -136,7 +137,8 @@ def batch_metrics(batch: list[dict], generated: list[dict], version: int) -> dic
     scored = generated or batch  # a step of carried-over groups alone generated nothing: its batch
     unstated, rewarded = unstated_rewarded_ratio([t for g in scored for t in g["texts"]],
                                                  [g["ground_truth"] for g in scored for _ in g["texts"]],
-                                                 [a for g in scored for a in g["acc"]])  # fmt: skip
+                                                 [a for g in scored for a in g["acc"]],
+                                                 [s for g in scored for s in g["stated"]])  # fmt: skip
     lengths = [len(ids) for g in batch for ids in g["response_ids"]]
     generated_lengths = [len(ids) for g in generated or batch for ids in g["response_ids"]]
     lps = [lp for g in batch for seq in g["rollout_logprobs"] for lp in seq]
@@ -164,7 +166,27 @@ def batch_metrics(batch: list[dict], generated: list[dict], version: int) -> dic
         "actor/mean_token_prob": statistics.fmean(math.exp(x) for x in lps) if lps else 0.0,
         "reward/rewarded_responses": rewarded,
         "reward/unstated_rewarded_ratio": unstated,
+        **reward_error_metrics(scored),
     }
+
+
+def reward_error_metrics(groups: list[dict]) -> dict[str, float]:
+    """The reward function's failures among `groups`' replies (`reward/errors`, `reward/timeouts`, their
+    share), and the mean of each other number it returned beside the score (`reward/extra/<name>`).
+
+    >>> reward_error_metrics([{"reward_errors": ["", "error", "timeout", ""], "reward_extra_json": '{"acc": [1.0, null, null, 0.0]}'}])
+    {'reward/errors': 1, 'reward/timeouts': 1, 'reward/error_share': 0.5, 'reward/extra/acc': 0.5}
+    """
+    import json
+
+    errors = [e for g in groups for e in g["reward_errors"]]
+    out: dict[str, float] = {"reward/errors": errors.count("error"), "reward/timeouts": errors.count("timeout"),
+                             "reward/error_share": sum(map(bool, errors)) / len(errors) if errors else 0.0}  # fmt: skip
+    extra: dict[str, list[float]] = {}
+    for g in groups:
+        for name, values in (json.loads(g["reward_extra_json"]) if g.get("reward_extra_json") else {}).items():
+            extra.setdefault(name, []).extend(v for v in values if v is not None)
+    return out | {f"reward/extra/{name}": statistics.fmean(vs) for name, vs in extra.items() if vs}
 
 
 def seeded_prompts(cfg: Config) -> bool:
@@ -188,6 +210,10 @@ def seeded_prompts(cfg: Config) -> bool:
 
 def _p90(values: list[int]) -> float:
     return float(statistics.quantiles(values, n=10, method="inclusive")[-1]) if len(values) > 1 else float(values[0])
+
+
+LOGGED_FAILURES = 3
+"""Failed calls of reward.function a run logs with their reply and traceback (the rest are counted)."""
 
 
 class Stack:
@@ -303,19 +329,22 @@ class Stack:
                 self._ray.kill(actor)
 
 
-def run(cfg: Config) -> dict:
-    """Train with DAPO as configured; returns a summary (eval before/after, each evaluation's step, generation and time, sync history)."""
+def run(cfg: Config, reward_checked: bool = False) -> dict:
+    """Train with DAPO as configured; returns a summary (eval before/after, each evaluation's step, generation
+    and time, sync history). `reward_checked`: the caller has run `check_reward` already."""
     from transformers import AutoTokenizer
 
     t_start = time.time()
+    if not reward_checked:
+        check_reward(cfg)  # before anything starts: a reward function that cannot run stops the run here
     cfg = absolute_paths(cfg)
     t, a, r = cfg.trainer, cfg.algorithm, cfg.rollout
     check_model_fits(cfg)
     if not storage.is_uri(t.output_dir):
         Path(t.output_dir).mkdir(parents=True, exist_ok=True)
-    init_ray(cfg)
     tokenizer = AutoTokenizer.from_pretrained(r.model_path)
     train_rows, eval_rows = prepare_prompts(cfg, tokenizer)
+    init_ray(cfg)
     cursor = PromptCursor(train_rows, cfg.data.shuffle, cfg.data.seed)
     filler: BatchFiller[dict] = BatchFiller(t.train_batch_size, a.max_gen_rounds, a.on_cap, a.carry_over,
                                             enabled=a.dynamic_sampling, max_lag=a.max_policy_lag)  # fmt: skip
@@ -329,6 +358,34 @@ def run(cfg: Config) -> dict:
             raise
         finally:
             stack.close()
+
+
+def check_reward(cfg: Config) -> None:
+    """A reward function of the user's own (reward.function): import it here, in a helper as the scoring
+    stage will, and say how it will be called; a missing file, a syntax error, a missing name or a signature
+    that fits neither convention raises `RewardFunctionError` before any engine starts. Then try it on hostile
+    replies built from reward.probe_rows rows of the data (`dapo-ray probe-reward`), and warn on what it pays."""
+    from dapo_ray.tasks import reward_spec
+    from dapo_ray.tasks.user import check_function
+
+    rw = cfg.reward
+    if not rw.function:
+        return
+    info = check_function(reward_spec(cfg).function)
+    alarm = f"its own check {rw.states_reference}" if rw.states_reference else \
+        "the generic check (the reference, as a number by value or as text, appears in the reply; reward.states_reference sets your own)"  # fmt: skip
+    log(f"reward function {rw.function}: {info['convention']} convention, from {info['where']}; it scores every row "
+        f"(timeout {rw.timeout_s:g}s a call, errors score {-1.0 if rw.on_error is None else rw.on_error:g}); "
+        f"the hack alarm uses {alarm}")  # fmt: skip
+    if rw.probe_rows:
+        from dapo_ray.tasks.probe import probe, warn_lines
+
+        for line in warn_lines(probe(cfg, rw.probe_rows)):
+            log(line)
+
+
+class TooManyRewardErrors(RuntimeError):
+    """More than reward.max_error_share of a step's replies could not be scored by reward.function."""
 
 
 def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, eval_rows: list[dict],
@@ -349,6 +406,12 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
             clock.start()
             b = run.producer.take(run.step, prefetch=run.step + 1 < t.total_steps)
             fill = run.count(b.fill)
+            if failed := run.reward_failed(b):  # checkpoint first: the kept groups and the data cursor survive
+                if run.restarted(stack.save(run.save_state(b))):
+                    continue
+                run.summary["stopped"] = {"step": run.step, "reward_errors": failed}
+                raise TooManyRewardErrors(f"{failed}; a checkpoint of step {run.step} is saved: fix the function "
+                                          "and run the same command again to resume")  # fmt: skip
             if fill.outcome == "stopped":  # checkpoint first: the kept groups and the data cursor survive
                 if run.restarted(stack.save(run.save_state(b))):
                     continue
@@ -461,6 +524,7 @@ class _Run:
         self.scoring = scoring_spec(cfg)
         self.empty_steps = 0  # steps in a row that found no group to train on
         self.skip_streak = 0  # optimizer updates skipped in a row for a NaN/inf gradient
+        self.failures_logged = 0  # failed reward.function calls logged so far
         self.held_out = ""  # the latest held-out score, for the step lines and the status line
         # The latest sync's check, until `check_sync` reads it: (step, a replica's answer to come, the
         # trainer's log-probs of the probe); and the last one read, for the step lines.
@@ -637,6 +701,28 @@ class _Run:
         self.sync_checked = f"sync diff {diff:.1e} (v{engine_version})"
         if last:
             log(f"step {step}'s sync: {self.sync_checked}")
+
+    def reward_failed(self, b) -> str:
+        """Log the first failed calls of reward.function (reply and traceback, `LOGGED_FAILURES` a run);
+        return why the run must stop when more than reward.max_error_share of the step's replies could not be
+        scored, else ""."""
+        import json
+
+        rw = self.cfg.reward
+        groups = b.generated or b.groups
+        for g in groups:
+            for failure in json.loads(g["reward_failures_json"]) if g.get("reward_failures_json") else []:
+                if self.failures_logged < LOGGED_FAILURES:
+                    self.failures_logged += 1
+                    log(f"reward function {rw.function}: a call {'timed out' if failure['kind'] == 'timeout' else 'failed'} "
+                        f"(it scores {-1.0 if rw.on_error is None else rw.on_error:g}); the reply: "
+                        f"{failure['reply'][:300]!r}\n{failure['detail']}")  # fmt: skip
+        m = reward_error_metrics(groups)
+        if not rw.function or m["reward/error_share"] <= rw.max_error_share:
+            return ""
+        return (f"reward function {rw.function}: {m['reward/error_share']:.0%} of the step's replies could not be scored "
+                f"({m['reward/errors']:g} errors, {m['reward/timeouts']:g} timeouts; reward.max_error_share="
+                f"{rw.max_error_share:g}); the first failures are logged above")  # fmt: skip
 
     def too_many_skipped_updates(self, metrics: dict) -> bool:
         t = self.cfg.trainer

@@ -111,6 +111,11 @@ class ProblemResult:
     """Per sample: stopped at the length limit."""
     data_source: str = ""
     """The row's `data_source` (`mathematics_dataset/numbers__gcd`): `by_source` groups on it."""
+    stated: tuple[bool, ...] = ()
+    """Per sample: the reply writes the reference answer (its task's check: the hack alarm's); empty: not
+    judged, read with the generic check (`replies.stated_of`)."""
+    reward_errors: int = 0
+    """Samples the user's reward function could not score (errors and timeouts)."""
 
     @property
     def k(self) -> int:
@@ -139,9 +144,11 @@ def summarize(results: Sequence[ProblemResult]) -> dict[str, float]:
     samples judged right whose reply does not state the reference answer (`dapo_ray.replies`: the hack
     alarm's) with how many were judged right."""
     samples = [(n, t, p) for r in results for n, t, p in zip(r.lengths, r.truncated, r.preds, strict=True)]
+    judged = all(r.stated for r in results)
     unstated, rewarded = unstated_rewarded_ratio([t for r in results for t in r.texts],
                                                  [r.ground_truth for r in results for _ in r.texts],
-                                                 [a for r in results for a in r.acc])  # fmt: skip
+                                                 [a for r in results for a in r.acc],
+                                                 [s for r in results for s in r.stated] if judged else None)  # fmt: skip
     return {
         "avg_at_k": statistics.fmean(r.correct / r.k for r in results),
         "pass_at_k": statistics.fmean(r.correct > 0 for r in results),
@@ -151,6 +158,7 @@ def summarize(results: Sequence[ProblemResult]) -> dict[str, float]:
         "truncated_ratio": statistics.fmean(t for _, t, _ in samples),
         "unstated_rewarded_ratio": unstated,
         "rewarded_samples": rewarded,
+        "reward_errors": sum(r.reward_errors for r in results),
         "problems": len(results),
         "samples": len(samples),
     }
@@ -222,20 +230,15 @@ def eval_sampling(cfg):
     return SamplingSpec(e.n, e.temperature, e.top_p, e.max_response_length or cfg.rollout.max_response_length)
 
 
-def problem_result(group: dict, reward_mode: str) -> ProblemResult:
-    """A scored row of `generate_round` as a ProblemResult. The row carries the verdicts but not the
-    extracted answers, so the texts are verified again here for `pred` (microseconds per response with
-    the `dapo` verifiers, about a millisecond with `math_verify`), by the row's own scorer (`mode_for`)."""
-    from dapo_ray.algo import compute_score
-    from dapo_ray.algo.reward import mode_for
-
-    source = group.get("data_source") or ""
-    mode = mode_for(source, reward_mode)
-    preds = tuple(compute_score(t, group["ground_truth"], mode)["pred"] for t in group["texts"])
+def problem_result(group: dict) -> ProblemResult:
+    """A scored row of `generate_round` (`pipeline.score_group`: verdicts, what the scorer read, whether each
+    reply states the reference) as a ProblemResult."""
     return ProblemResult(uid=group["uid"], problem=group.get("problem", ""), ground_truth=group["ground_truth"],
-                         acc=tuple(bool(a) for a in group["acc"]), preds=preds, texts=tuple(group["texts"]),
-                         lengths=tuple(len(ids) for ids in group["response_ids"]),
-                         truncated=tuple(bool(t) for t in group["truncated"]), data_source=source)  # fmt: skip
+                         acc=tuple(bool(a) for a in group["acc"]), preds=tuple(group["preds"]),
+                         texts=tuple(group["texts"]), lengths=tuple(len(ids) for ids in group["response_ids"]),
+                         truncated=tuple(bool(t) for t in group["truncated"]),
+                         data_source=group.get("data_source") or "", stated=tuple(bool(s) for s in group["stated"]),
+                         reward_errors=sum(bool(e) for e in group["reward_errors"]))  # fmt: skip
 
 
 def sample_and_score(rows: list[dict], app: str, sampling, scoring, concurrency: int,
@@ -254,7 +257,7 @@ def sample_and_score(rows: list[dict], app: str, sampling, scoring, concurrency:
     for start in range(0, len(rows), size):
         groups = generate_round(rows[start : start + size], app, sampling, scoring, prompts_per_call=per_call,
                                 max_concurrency=concurrency)  # fmt: skip
-        results += [problem_result(g, scoring.reward_mode) for g in groups]
+        results += [problem_result(g) for g in groups]
         if progress:
             progress(results)
     order = {r["uid"]: i for i, r in enumerate(rows)}

@@ -17,7 +17,8 @@ Held-out problems come from `interpolate` and `extrapolate`, never from a traini
 question that is also a training question is dropped. The package's hash split (`train_test_split.is_train`),
 which keeps the values test questions are built from out of training questions, is used by its measurement
 and probability modules only; elsewhere a test question differs from training by its draw and difficulty. The paper's metric is exact match of the answer: `algo.reward`'s `exact` mode,
-which every row of this file is scored by (its `data_source` is `mathematics_dataset/<module>`).
+which every row of this file is scored by (its `data_source` is `mathematics_dataset/<module>`, which
+`dapo_ray.tasks` gives the `mathematics` task).
 
 The package predates the Python stack it now installs into; `generator()` makes it run, in one place:
 
@@ -418,7 +419,7 @@ def echo_baseline(rows: list[dict], constants: dict[str, str] | None = None) -> 
     with one `constant` answer, the module's commonest training answer (`constants`, from
     `commonest_answers`; `False` in a primality module), and `best`, the highest of the five. Learning
     counts above it."""
-    from dapo_ray.algo.reward import compute_score
+    from dapo_ray.tasks import MATHEMATICS
 
     right: dict[str, Counter] = defaultdict(Counter)
     total: Counter = Counter()
@@ -430,7 +431,7 @@ def echo_baseline(rows: list[dict], constants: dict[str, str] | None = None) -> 
             answers["constant"] = constants[module]
         for rule in ECHO_RULES:
             reply = answers.get(rule)
-            right[module][rule] += bool(reply) and compute_score(reply, row["reward_model"]["ground_truth"], "exact")["acc"]
+            right[module][rule] += bool(reply) and MATHEMATICS.score(reply, row["reward_model"]["ground_truth"], "")["acc"]
     out = {}
     for module, n in total.items():
         shares = {rule: right[module][rule] / n for rule in ECHO_RULES}

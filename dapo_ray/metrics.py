@@ -27,6 +27,9 @@ METRICS: dict[str, str] = {
     "rollout/replicas_sampling": "rollout replicas that generated this step's groups (grows and shrinks with autoscaling)",
     "reward/rewarded_responses": "responses generated this step that the scorer judged right",
     "reward/unstated_rewarded_ratio": "share of them whose text does not state the reference answer (the hack alarm, reward.alarm_share; dapo_ray.replies)",
+    "reward/errors": "replies generated this step whose reward.function call raised or returned no finite number (scored reward.on_error)",
+    "reward/timeouts": "replies generated this step whose reward.function call ran past reward.timeout_s (scored reward.on_error)",
+    "reward/error_share": "share of the replies generated this step that reward.function could not score (errors and timeouts; above reward.max_error_share the run stops)",
     # dynamic sampling
     "dynamic_sampling/rounds": "generation rounds this step",
     "dynamic_sampling/generated_groups": "prompts (groups) generated this step",
@@ -98,11 +101,14 @@ METRICS: dict[str, str] = {
     "eval/pass_at_k": "share of held-out problems with at least one correct sample",
     "eval/maj_at_k": "share of held-out problems whose most frequent extracted answer is correct (a tie of m answers, j right, counts j/m)",
     "eval/rewarded_samples": "held-out samples the scorer judged right",
+    "eval/reward_errors": "held-out samples reward.function could not score (errors and timeouts)",
     "eval/unstated_rewarded_ratio": "share of them whose text does not state the reference answer (the hack alarm, reward.alarm_share; dapo_ray.replies)",
 }
 
 
 FAMILIES: dict[str, str] = {
+    "reward/extra/": "mean over the step's generated replies of a number reward.function returned beside `score` "
+                     "(a verl-style dict's `acc`, `format`, ...), by its name",
     "eval/avg_at_k/": "eval/avg_at_k of the held-out problems of one data_source (a benchmark's module, "
                       "`mathematics_dataset/numbers__gcd`), logged when the eval set mixes several",
 }

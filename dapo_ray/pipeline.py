@@ -5,19 +5,23 @@ One row per prompt (a group of G responses) from start to end:
     generate_batch  needs: prompt_ids (and draw, with a sampling seed)
                     adds:  texts, response_ids, rollout_logprobs, versions, finish_reasons, policy_version,
                            replica
-    score_group     needs: ground_truth, texts, response_ids, finish_reasons
-                    adds:  scores, acc, truncated, loss_weights, advantages, keep
+    score_group     needs: ground_truth, data_source, texts, response_ids, finish_reasons (and prompt_json,
+                           extra_info_json for a reward function of the user's own)
+                    adds:  scores, acc, preds, stated, reward_errors, reward_extra_json, reward_failures_json,
+                           truncated, loss_weights, advantages, keep
 
 `generate_round` runs both over one round's prompts; the driver's BatchFiller decides what to keep.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import pyarrow as pa
 
 from dapo_ray import algo
+from dapo_ray.tasks import RewardSpec, judge_group, keep, reward_spec
 
 
 @dataclass(frozen=True)
@@ -106,7 +110,8 @@ def replica_lost_errors() -> tuple[type[BaseException], ...]:
 class ScoringSpec:
     """The plain values `score_group` needs (algorithm switches, no config object)."""
 
-    reward_mode: str
+    reward: RewardSpec
+    """Which scorer judges the replies: the row's task (`dapo_ray.tasks`) or the user's reward.function."""
     max_response_length: int
     soft_overlong: bool
     overlong_cache_length: int
@@ -120,20 +125,19 @@ class ScoringSpec:
 def scoring_spec(cfg) -> ScoringSpec:
     """The ScoringSpec of a run's config (reward, overlong shaping and advantage settings)."""
     a = cfg.algorithm
-    return ScoringSpec(cfg.reward.mode, cfg.rollout.max_response_length, a.soft_overlong, a.overlong_cache_length,
+    return ScoringSpec(reward_spec(cfg), cfg.rollout.max_response_length, a.soft_overlong, a.overlong_cache_length,
                        a.overlong_penalty_factor, a.overlong_filter, a.adv_eps, a.adv_std_unbiased,
                        a.adv_std_norm)  # fmt: skip
 
 
 def score_group(row: dict, spec: ScoringSpec) -> dict:
-    """Verify every response (Eq. 7), add soft overlong punishment (Eq. 13), mask truncated responses
-    (overlong filtering), compute group advantages on the shaped reward (Eq. 9) and the keep flag on
-    correctness (Eq. 11)."""
+    """Judge every response (Eq. 7: the row's task or the user's reward function, `tasks.judge_group`), add
+    soft overlong punishment (Eq. 13), mask truncated responses (overlong filtering), compute group
+    advantages on the shaped reward (Eq. 9) and the keep flag (Eq. 11, on correctness or, for a function
+    that gives no `acc`, on the score: `tasks.keep`)."""
     truncated = [f == "length" for f in row["finish_reasons"]]
-    mode = algo.mode_for(row.get("data_source") or "", spec.reward_mode)  # a benchmark's rows: its own metric
-    verdicts = [algo.compute_score(t, row["ground_truth"], mode) for t in row["texts"]]
-    acc = [v["acc"] for v in verdicts]
-    scores = [v["score"] for v in verdicts]
+    judged = judge_group(row, spec.reward)
+    acc, scores = judged["acc"], judged["scores"]
     if spec.soft_overlong:
         scores = [
             s + algo.soft_overlong_penalty(len(ids), spec.max_response_length, spec.overlong_cache_length,
@@ -142,10 +146,16 @@ def score_group(row: dict, spec: ScoringSpec) -> dict:
         ]
     row["acc"] = acc
     row["scores"] = scores
+    row["preds"] = judged["preds"]
+    row["stated"] = judged["stated"]
+    row["reward_errors"] = judged["reward_errors"]
+    # JSON: their keys differ from task to task, and a Ray Data block wants one type per column.
+    row["reward_extra_json"] = json.dumps(judged["reward_extra"]) if judged["reward_extra"] else ""
+    row["reward_failures_json"] = json.dumps(judged["reward_failures"]) if judged["reward_failures"] else ""
     row["truncated"] = truncated
     row["loss_weights"] = algo.overlong_filter_mask(truncated) if spec.overlong_filter else [1.0] * len(truncated)
     row["advantages"] = algo.group_advantages(scores, spec.adv_eps, spec.adv_std_unbiased, spec.adv_std_norm)
-    row["keep"] = algo.keep_group(acc)
+    row["keep"] = keep(judged)
     return row
 
 

@@ -63,20 +63,23 @@ def commonest_shapes(texts: Sequence[str], top: int = 8) -> list[tuple[str, floa
     return [(shape, count / len(texts), count) for shape, count in counts.most_common(top)]
 
 
-def unstated_rewarded_ratio(texts: Sequence[str], ground_truths: Sequence[str],
-                            accs: Sequence[bool]) -> tuple[float, int]:  # fmt: skip
+def unstated_rewarded_ratio(texts: Sequence[str], ground_truths: Sequence[str], accs: Sequence[bool],
+                            stated: Sequence[bool] | None = None) -> tuple[float, int]:  # fmt: skip
     """(share of the replies judged right that do not state their reference answer, how many were judged
-    right); (0.0, 0) when none was. One entry per reply in each sequence.
+    right); (0.0, 0) when none was. One entry per reply in each sequence. `stated`: each reply's task's own
+    verdict on that (`tasks.judge_group`); without it, the generic check (`algo.stated.states_reference`).
 
     >>> unstated_rewarded_ratio(["14 + 3 = ?", "Answer: 17", "Answer: 5"], ["17", "17", "6"], [True, True, False])
     (0.5, 2)
     """
-    from dapo_ray.algo.stated import states_reference
+    if stated is None:
+        from dapo_ray.algo.stated import states_reference
 
-    rewarded = [(t, g) for t, g, a in zip(texts, ground_truths, accs, strict=True) if a]
+        stated = [states_reference(t, g) for t, g in zip(texts, ground_truths, strict=True)]
+    rewarded = [s for s, a in zip(stated, accs, strict=True) if a]
     if not rewarded:
         return 0.0, 0
-    return sum(not states_reference(t, g) for t, g in rewarded) / len(rewarded), len(rewarded)
+    return sum(not s for s in rewarded) / len(rewarded), len(rewarded)
 
 
 def alarm_up(ratio: float, rewarded: int, share: float) -> bool:
@@ -103,7 +106,8 @@ def reply_sample(results: Sequence, n: int) -> list[dict]:
     from dapo_ray.algo.stated import states_reference
 
     return [{"uid": r.uid, "problem": r.problem, "ground_truth": r.ground_truth, "reply": r.texts[0],
-             "pred": r.preds[0], "acc": r.acc[0], "states_reference": states_reference(r.texts[0], r.ground_truth)}
+             "pred": r.preds[0], "acc": r.acc[0],
+             "states_reference": r.stated[0] if r.stated else states_reference(r.texts[0], r.ground_truth)}
             for r in results[:n] if r.texts]  # fmt: skip
 
 

@@ -31,8 +31,9 @@ from pathlib import Path
 
 import torch
 
-from dapo_ray.algo.reward import Mode, compute_score
+from dapo_ray.algo.reward import Mode
 from dapo_ray.data import synthetic_prompts
+from dapo_ray.tasks import task_for
 from dapo_ray.types import PromptRow
 
 EOS = "<|endoftext|>"
@@ -122,7 +123,7 @@ def sampled_accuracy(
     model, tokenizer, rows: list[PromptRow], samples: int, max_new_tokens: int, seed: int = 0, greedy: bool = False,
     temperature: float = 1.0, top_p: float = 1.0, mode: Mode = "dapo",
 ) -> float:  # fmt: skip
-    """Mean correctness (`compute_score` in `mode`) of `samples` samples per problem (avg@samples) at
+    """Mean correctness (the row's task's scorer, `mode` where it takes one) of `samples` samples per problem (avg@samples) at
     `temperature` and `top_p`, HF generation, with no top-k cut (`top_k=0`: HF's default would cut to the 50
     likeliest tokens); with `greedy`, of the one greedy answer per problem."""
     torch.manual_seed(seed)
@@ -139,7 +140,8 @@ def sampled_accuracy(
         )  # fmt: skip
         texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
         for j, text in enumerate(texts):
-            correct += compute_score(text, chunk[j // (1 if greedy else samples)]["ground_truth"], mode)["acc"]
+            row = chunk[j // (1 if greedy else samples)]
+            correct += task_for(row.get("data_source") or "").score(text, row["ground_truth"], mode)["acc"]
             total += 1
     model.train()
     return correct / total

@@ -6,7 +6,7 @@ trainer. Each stage documents which of these columns it needs and which it adds.
 
 from __future__ import annotations
 
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 
 class Message(TypedDict):
@@ -27,6 +27,8 @@ class PromptRow(TypedDict):
     """The dataset's own `data_source` (e.g. "math_dapo"), or "synthetic"."""
     solution: str
     """A reference response, when known (synthetic problems: used for the supervised warm-up)."""
+    extra_info: NotRequired[dict]
+    """verl's `extra_info` column: what a reward function needs beside the reference ({} when none)."""
 
 
 # Column names (Ray Data stages refer to these, never to string literals of their own).

@@ -31,7 +31,7 @@ from dapo_ray.algo.loss import (
 )
 from dapo_ray.algo.overlong import overlong_filter_mask, soft_overlong_penalty
 from dapo_ray.algo.reward import MODES as REWARD_MODES
-from dapo_ray.algo.reward import compute_score, mode_for
+from dapo_ray.algo.reward import compute_score
 from dapo_ray.algo.rollout_correction import ROLLOUT_IS_LEVELS, ROLLOUT_IS_MODES, rollout_is_weights
 
 POLICY_LOSSES = {"dapo": dapo_policy_loss, "gspo": gspo_policy_loss, "cispo": cispo_policy_loss}
@@ -51,7 +51,6 @@ __all__ = [
     "behaviour_logprobs",
     "cispo_policy_loss",
     "compute_score",
-    "mode_for",
     "dapo_policy_loss",
     "entropy_from_logits",
     "group_advantages",

@@ -52,7 +52,8 @@ Modes
     ``False`` in any case, anything else (``-l**2 - 109*l + 55``, ``12:39 AM``, ``a``) as the same text
     without spaces. Not "the last number of the reply": in gcd, comparison and k-th-biggest questions
     the question's own last number is often the answer, and a reply restating the question would be paid.
-    Every row whose ``data_source`` is ``mathematics_dataset/...`` is scored this way (`SOURCE_MODES`).
+    Every row whose ``data_source`` is ``mathematics_dataset/...`` is scored this way (its task's scorer:
+    `dapo_ray.tasks`, which picks a row's scorer by its ``data_source``).
 
 Safety, for any input in every mode: no exception escapes, no model text is run as code, and a call
 returns within `TIME_LIMIT_S` (after a process's first ``math_verify`` call, which imports and warms up
@@ -91,9 +92,6 @@ from dapo_ray.algo.stated import parse_number, stated_answer, stated_number
 
 Mode = Literal["dapo", "dapo_strict", "math_verify", "exact"]
 MODES: tuple[str, ...] = ("dapo", "dapo_strict", "math_verify", "exact")
-SOURCE_MODES: dict[str, Mode] = {"mathematics_dataset": "exact"}
-"""A row whose `data_source` starts with one of these (before a `/`) is scored by its benchmark's own
-metric, whatever `reward.mode` says, so that one run can mix sources (`mode_for`)."""
 
 INVALID = "[INVALID]"
 TAIL_CHARS = 300  # DAPO scores only the last 300 characters of a response.
@@ -463,11 +461,6 @@ def _exact(response: str, ground_truth: str) -> Score:
         same = len(items) == len(truths) and all(_same_item(a.strip(), t.strip()) for a, t in zip(items, truths, strict=True))
         return _verdict(same, pred)
     return _verdict(_same_item(answer, truth), pred)
-
-
-def mode_for(data_source: str, mode: Mode) -> Mode:
-    """The scorer of a row: its source's own (`SOURCE_MODES`), else the run's `reward.mode`."""
-    return SOURCE_MODES.get(data_source.partition("/")[0], mode)
 
 
 def _is_answer(ground_truth: object) -> bool:

@@ -7,9 +7,9 @@ hedge or a list in another order.
 
 import pytest
 
-from dapo_ray.algo import mode_for
 from dapo_ray.algo.reward import compute_score
 from dapo_ray.pipeline import ScoringSpec, score_group
+from dapo_ray.tasks import RewardSpec, task_for
 
 GCD = "What is the greatest common divisor of 1368 and 57?"
 
@@ -78,10 +78,9 @@ def test_an_unparsable_reply_scores_minus_one_and_never_raises():
 
 
 def test_a_benchmark_row_is_scored_by_its_own_metric_whatever_the_runs_mode():
-    assert mode_for("mathematics_dataset/numbers__gcd", "math_verify") == "exact"
-    assert mode_for("math_dapo", "math_verify") == "math_verify"
-    assert mode_for("", "dapo") == "dapo"
-    spec = ScoringSpec("math_verify", 64, False, 16, 1.0, False, 1e-6, True)
+    assert task_for("mathematics_dataset/numbers__gcd").name == "mathematics"
+    assert task_for("math_dapo").name == task_for("").name == "dapo_math"
+    spec = ScoringSpec(RewardSpec("math_verify"), 64, False, 16, 1.0, False, 1e-6, True)
     row = {"prompt_ids": [1], "ground_truth": "57", "data_source": "mathematics_dataset/numbers__gcd",
            "texts": ["The gcd is 57.", "57"], "response_ids": [[1] * 9, [1]],
            "rollout_logprobs": [[-0.1] * 9, [-0.1]], "finish_reasons": ["stop", "stop"], "policy_version": 0}  # fmt: skip
