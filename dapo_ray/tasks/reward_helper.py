@@ -10,6 +10,7 @@ and stdout, one pickled frame at a time:
     <- {"ok": True, "convention": "verl", "where": "/abs/path/file.py", "is_async": False, ...}
        or {"ok": False, "error": "what is wrong, naming the file and the function"}
     -> {"op": "verl", "calls": [{"data_source", "solution_str", "ground_truth", "extra_info"}, ...], "timeout_s"}
+       (each call passes the keywords the function takes: `verl_args_of`)
     <- one frame per call, in order: ("ok", verdict) | ("error", traceback) | ("timeout", None)
     -> {"op": "trl", "columns": {"prompts": [...], "completions": [...], ...}, "timeout_s"}
     <- ("ok", [verdict, ...]) | ("error", traceback) | ("timeout", None)
@@ -39,8 +40,12 @@ import sys
 import traceback
 from pathlib import Path
 
-VERL_PARAMS = ("data_source", "solution_str", "ground_truth")
-"""What verl's reward managers pass a `compute_score` by keyword, with `extra_info` and `reward_kwargs`."""
+VERL_PARAMS = ("solution_str", "ground_truth")
+"""What every verl scorer takes by keyword: a custom `compute_score(data_source, solution_str, ground_truth,
+extra_info=None, **kwargs)`, which verl's reward managers call with `reward_kwargs`, and verl's own per-task
+scorers (`verl/utils/reward_score/math_dapo.py`, `gsm8k.py`: `compute_score(solution_str, ground_truth, ...)`)."""
+VERL_OPTIONAL = ("data_source", "extra_info")
+"""Passed too when the function takes them (by name or `**kwargs`)."""
 TRL_COLUMNS = ("prompts", "completions", "completion_ids", "ground_truth", "data_source", "extra_info")
 """What a TRL-convention function is passed by keyword: TRL's GRPOTrainer passes `prompts`, `completions`,
 `completion_ids` and the data set's columns; a verl-schema row's columns are these three. A function
@@ -66,15 +71,20 @@ def write_frame(stream, obj) -> None:
 
 
 def read_frame(stream):
-    """The next frame, or raises EOFError when the other side has gone."""
-    head = stream.read(4)
-    if len(head) < 4:
-        raise EOFError
-    (size,) = struct.unpack("<I", head)
-    data = stream.read(size)
-    if len(data) < size:
-        raise EOFError
-    return pickle.loads(data)
+    """The next frame, or raises EOFError when the other side has gone. `stream` may be unbuffered (the
+    caller's side selects on the pipe, so nothing may wait in a read-ahead buffer): read until complete."""
+    (size,) = struct.unpack("<I", _read_exactly(stream, 4))
+    return pickle.loads(_read_exactly(stream, size))
+
+
+def _read_exactly(stream, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        chunk = stream.read(size - len(data))
+        if not chunk:
+            raise EOFError
+        data += chunk
+    return data
 
 
 # --- finding the function ------------------------------------------------------------------------------
@@ -173,7 +183,7 @@ def convention_of(fn, stated: str, kwargs: dict, spec: str) -> str:
     signature = f"{getattr(fn, '__name__', spec)}{inspect.signature(fn)}"
     if stated == "verl" and not verl:
         raise SpecError(f"reward function {spec!r}: reward.convention is verl, but {signature} does not take "
-                        f"{', '.join(VERL_PARAMS)} (and extra_info) by keyword, as verl calls compute_score")  # fmt: skip
+                        f"{', '.join(VERL_PARAMS)} by keyword, as verl calls compute_score")  # fmt: skip
     if stated == "trl" and not trl:
         raise SpecError(f"reward function {spec!r}: reward.convention is trl, but {signature} does not take "
                         f"completions (and only columns of {TRL_COLUMNS}) by keyword, as TRL calls reward_funcs")  # fmt: skip
@@ -189,7 +199,8 @@ def convention_of(fn, stated: str, kwargs: dict, spec: str) -> str:
                         "reward.convention to verl or trl")  # fmt: skip
     raise SpecError(
         f"reward function {spec!r}: {signature} fits neither convention: verl's compute_score(data_source, "
-        "solution_str, ground_truth, extra_info=None, **kwargs), called once per reply, or TRL's "
+        "solution_str, ground_truth, extra_info=None, **kwargs) (or a verl scorer's compute_score(solution_str, "
+        "ground_truth, ...)), called once per reply, or TRL's "
         "f(prompts, completions, **columns) -> list[float], called once per group"
         + (f" (with reward.function_kwargs {sorted(kwargs)})" if kwargs else ""))  # fmt: skip
 
@@ -262,11 +273,14 @@ def verdict_of(value) -> dict:
     return {"score": _number(value, "a reward"), "acc": None, "pred": None, "extra": {}}
 
 
-def _verl_call(fn, call: dict, kwargs: dict, extra_info: bool, timeout_s: float):
-    args = {"data_source": call["data_source"], "solution_str": call["solution_str"],
-            "ground_truth": call["ground_truth"]}  # fmt: skip
-    if extra_info:
-        args["extra_info"] = call["extra_info"]
+def verl_args_of(fn, kwargs: dict) -> tuple[str, ...]:
+    """The keywords a verl-convention `fn` is called with: VERL_PARAMS and those of VERL_OPTIONAL it takes."""
+    params = inspect.signature(fn).parameters
+    return VERL_PARAMS + tuple(n for n in VERL_OPTIONAL if n in params or has_var_keyword(fn))
+
+
+def _verl_call(fn, call: dict, kwargs: dict, names: tuple[str, ...], timeout_s: float):
+    args = {n: call[n] for n in names}
     try:
         out = call_within(timeout_s, fn, **args, **kwargs)
     except CallTimeout:
@@ -328,9 +342,9 @@ def serve(stdin, stdout) -> None:
     except SpecError as e:
         write_frame(stdout, {"ok": False, "error": str(e)})
         return
-    extra_info = convention == "verl" and _accepts(fn, (*VERL_PARAMS, "extra_info"), kwargs)
+    verl_args = verl_args_of(fn, kwargs) if convention == "verl" else ()
     wanted = trl_columns_of(fn) if convention == "trl" else ()
-    write_frame(stdout, {"ok": True, "convention": convention, "where": origin, "extra_info": extra_info,
+    write_frame(stdout, {"ok": True, "convention": convention, "where": origin, "verl_args": verl_args,
                          "is_async": inspect.iscoroutinefunction(fn), "trl_columns": wanted})  # fmt: skip
     while True:
         try:
@@ -339,7 +353,7 @@ def serve(stdin, stdout) -> None:
             return
         if request["op"] == "verl":
             for call in request["calls"]:
-                write_frame(stdout, _verl_call(fn, call, kwargs, extra_info, request["timeout_s"]))
+                write_frame(stdout, _verl_call(fn, call, kwargs, verl_args, request["timeout_s"]))
         elif request["op"] == "trl":
             columns = {k: v for k, v in request["columns"].items() if k in wanted}
             write_frame(stdout, _trl_call(fn, columns, kwargs, request["timeout_s"]))

@@ -65,15 +65,22 @@ def _die_with_parent() -> None:
         pass
 
 
+DIED = ("error", "the reward function's process died (a crash, or it called exit)")
+
+
 class Helper:
     """One helper process and its pipes; `close()` ends it."""
 
     def __init__(self, fn: UserFunction):
+        # Unbuffered: frames are awaited with select() on the pipe, which cannot see a read-ahead buffer.
         self.proc = subprocess.Popen([sys.executable, "-P", str(HELPER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     preexec_fn=_die_with_parent)  # fmt: skip
+                                     bufsize=0, preexec_fn=_die_with_parent)  # fmt: skip
         reward_helper.write_frame(self.proc.stdin, {"function": fn.spec, "convention": fn.convention,
                                                     "kwargs": fn.kwargs, "states_reference": fn.states_reference})  # fmt: skip
         ready = self.read(START_TIMEOUT_S)
+        if ready is DIED:
+            self.close()
+            raise RewardFunctionError(f"reward function {fn.spec!r}: its helper process died while importing it")
         if ready is None:
             self.close()
             raise RewardFunctionError(f"reward function {fn.spec!r}: its module did not import within "
@@ -87,14 +94,14 @@ class Helper:
         reward_helper.write_frame(self.proc.stdin, request)
 
     def read(self, timeout_s: float):
-        """The helper's next frame, or None when it sends none within `timeout_s` or has died."""
+        """The helper's next frame; None when it sends none within `timeout_s`; DIED when it has gone."""
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout_s)
         if not ready:
             return None
         try:
             return reward_helper.read_frame(self.proc.stdout)
         except (EOFError, OSError):
-            return None
+            return DIED
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -159,10 +166,9 @@ class UserScorer:
             helper.send({"op": "verl", "calls": rest, "timeout_s": self.fn.timeout_s})
             for _ in rest:
                 frame = helper.read(self.fn.timeout_s + KILL_GRACE_S)
-                if frame is None:  # stuck beyond its timer's reach, or dead (os._exit, a crash)
-                    alive = helper.proc.poll() is None
+                if frame is None or frame is DIED:  # stuck beyond its timer's reach, or gone (os._exit, a crash)
                     self._kill()
-                    out.append(("timeout", None) if alive else ("error", "the reward function's process died"))
+                    out.append(("timeout", None) if frame is None else DIED)
                     break
                 out.append(frame)
         return out
@@ -175,10 +181,9 @@ class UserScorer:
                    "extra_info": [c["extra_info"] for c in calls]}  # fmt: skip
         helper.send({"op": "trl", "columns": columns, "timeout_s": self.fn.timeout_s})
         frame = helper.read(self.fn.timeout_s + KILL_GRACE_S)
-        if frame is None:
-            alive = helper.proc.poll() is None
+        if frame is None or frame is DIED:
             self._kill()
-            frame = ("timeout", None) if alive else ("error", "the reward function's process died")
+            frame = ("timeout", None) if frame is None else DIED
         return frame[1] if frame[0] == "ok" else [frame] * len(calls)
 
     def states(self, pairs: list[tuple[str, str]]) -> list[bool | None] | None:
@@ -190,7 +195,7 @@ class UserScorer:
             helper = self._started()
             helper.send({"op": "states", "pairs": pairs, "timeout_s": self.fn.timeout_s})
             frame = helper.read(self.fn.timeout_s * len(pairs) + KILL_GRACE_S)
-            if frame is None:
+            if frame is None or frame is DIED:
                 self._kill()
                 return None
             return frame[1]
