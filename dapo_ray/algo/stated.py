@@ -11,7 +11,11 @@ is that reading, for every scorer of `reward.py`:
 * in free text the **stated** number is the last number of the reply, and only when it stands alone:
   not an operand (`14 + 3 = ?`, `so the total is 9 + 8.`, `x = 20 - 3`, `\\sqrt{289}`), not one of several
   offered (`17 or 18`, `3, 4`), not a question (`17?`). `14 + 3 = 17`, `The sum is 17.`, `x = -3` and
-  `25%` state 17, 17, -3 and 25 (a percentage is the number written: "what percent" asks for it).
+  `25%` state 17, 17, -3 and 25 (a percentage is the number written: "what percent" asks for it);
+* a number **denied** states nothing (`denied`): `The answer is not 17.`, `I cannot solve this, but it is
+  not 17.`, `It isn't 17.`, `17 is not the answer.`, `anything other than 17`. Neither does the reply whose
+  last number is denied after it stated another (`It is 17, not 18.`): the reader never looks back past
+  the last number, so that stating an answer and then denying it cannot be paid either way.
 
 `states_reference` is the hack alarm's test: does a reply contain the reference answer at all, as
 written? A rewarded reply that does not is how a scorer's hole shows (see `dapo_ray.replies`).
@@ -48,6 +52,20 @@ _OPERATOR_AFTER_RE = re.compile(r"\A\s*(?:[-+*/×÷^·=<>?!]|\\times|\\cdot|\\di
 _IN_COMMAND_RE = re.compile(r"(?:\\(?!boxed|text|mathrm|mathbf|textbf)[A-Za-z]+|[_^]|\})\s*\{\s*\Z")
 _OPERAND_BEFORE_SIGN_RE = re.compile(r"(?:[\d)\]}!]|(?<![A-Za-z])[A-Za-z])\s*\Z")  # `20 - 3`, `x - 3`: binary
 _LIST_BEFORE_RE = re.compile(r"\d\s*[,;]\s*\Z")  # `3, 4`: the last of a list
+# A denial just before the number, with the few words that may stand between (`is not equal to 17`,
+# `cannot be 17`, `not the number $17$`), or just after it (`17 is not the answer`, `17 is wrong`).
+_NEGATION_BEFORE_RE = re.compile(
+    r"(?:\b(?:not|never|cannot|neither|nor|except|excluding|unlike)\b|n['\u2019]t\b|\b(?:other|rather)\s+than\b"
+    r"|\bdifferent\s+from\b|\binstead\s+of\b|\u2260|\\neq?\b|!=)"
+    r"(?:\s+(?:be|equal|equals|to|exactly|quite|just|simply|the|an?|answer|number|value|result|of))*"
+    r"(?:\s|\$|\\\(|\\boxed\{|\{|\()*\Z",
+    re.I,
+)
+_NEGATION_AFTER_RE = re.compile(
+    r"\A(?:\s|\$|\\\)|\}|\))*(?:\(\s*)?(?:(?:is|was|are|would\s+be|will\s+be|seems|['\u2019]s)\s+)?"
+    r"(?:not|never|wrong|incorrect|false|\w*n['\u2019]t)\b",
+    re.I,
+)
 
 
 def parse_number(text: str) -> Fraction | None:
@@ -80,6 +98,8 @@ def stated_number(text: str) -> Fraction | None:
     (Fraction(17, 1), Fraction(-4, 1), None)
     >>> stated_number("14 + 3 = ?"), stated_number("It is 17 or 18."), stated_number("17?")
     (None, None, None)
+    >>> stated_number("The answer is not 17."), stated_number("I cannot solve this, but it is not 17.")
+    (None, None)
     """
     text = text.translate(_MINUS)
     last = next(reversed(list(_NUMBER_RE.finditer(text))), None)  # the tail is at most 300 characters
@@ -94,9 +114,22 @@ def stated_number(text: str) -> Fraction | None:
         if _OPERAND_BEFORE_SIGN_RE.search(stripped[:-1]):
             return None  # `20 - 3`: an operand
         sign, stripped = stripped[-1], stripped[:-1]
-    if _OPERATOR_BEFORE_RE.search(stripped) or _IN_COMMAND_RE.search(stripped):
+    if _OPERATOR_BEFORE_RE.search(stripped) or _IN_COMMAND_RE.search(stripped) or denied(stripped, after):
         return None
     return parse_number(sign + last.group())
+
+
+def denied(before: str, after: str) -> bool:
+    """Whether the number written between `before` and `after` is denied: a negation right before it
+    (`not`, `never`, `isn't`, `cannot be`, `other than`, `\\neq`) or right after it (`is not`, `is wrong`).
+    Only the text next to the number is read, so `not only 3 but 17` and `No, it is 17` deny nothing.
+
+    >>> denied("The answer is not ", "."), denied("It isn't $", "$."), denied("", " is not the answer.")
+    (True, True, True)
+    >>> denied("The answer is ", "."), denied("I am not sure; the sum is ", "."), denied("No, it is ", "")
+    (False, False, False)
+    """
+    return bool(_NEGATION_BEFORE_RE.search(before[-80:]) or _NEGATION_AFTER_RE.match(after[:80]))
 
 
 def stated_answer(answer: str) -> Fraction | None:

@@ -21,46 +21,20 @@ through the same door: its replies, verdicts, failures and the hack alarm go whe
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import os
 from dataclasses import dataclass
 
-from dapo_ray.algo.reward import INVALID, Score, compute_score
-from dapo_ray.algo.stated import states_reference
+from dapo_ray.tasks.task import DAPO_MATH, MATHEMATICS, SUMS, Task, states_reference
+
+__all__ = ["DAPO_MATH", "MATHEMATICS", "SUMS", "RewardSpec", "Task", "builtin_tasks", "judge_group", "keep",
+           "reward_spec", "task_for"]
+
+INVALID = "[INVALID]"  # = algo.reward.INVALID: what a scorer that read no answer gives as `pred`
 
 ERROR_PRED = "[REWARD ERROR]"
 TIMEOUT_PRED = "[REWARD TIMEOUT]"
 KEPT_FAILURES = 2
 """Failed calls of a group whose reply and traceback travel with it to the driver's log."""
-
-
-@dataclass(frozen=True)
-class Task:
-    """One task: its name, the `data_source` values it takes, its scorer and its alarm check."""
-
-    name: str
-    sources: tuple[str, ...]
-    """`data_source` values it takes: a value as it stands, or its part before the first `/`."""
-    score: Callable[[str, str, str], Score]
-    """(reply, reference, reward.mode) -> verdict; tasks with a metric of their own ignore the mode."""
-    states_reference: Callable[[str, str], bool]
-    """(reply, reference) -> does the reply write the reference answer at all."""
-    about: str
-
-
-def _by_mode(reply: str, reference: str, mode: str) -> Score:
-    return compute_score(reply, reference, mode)
-
-
-def _exact(reply: str, reference: str, mode: str) -> Score:
-    return compute_score(reply, reference, "exact")
-
-
-SUMS = Task("sums", ("synthetic",), _by_mode, states_reference,
-            "generated arithmetic (data.synthetic), scored by reward.mode")  # fmt: skip
-MATHEMATICS = Task("mathematics", ("mathematics_dataset",), _exact, states_reference,
-                   "DeepMind's Mathematics Dataset (dapo-ray prepare-mathematics), its exact match")  # fmt: skip
-DAPO_MATH = Task("dapo_math", ("math_dapo", "aime", "math"), _by_mode, states_reference,
-                 "DAPO-Math-17k and AIME 2024 (dapo-ray prepare --paper-data) and any other source, scored by reward.mode")  # fmt: skip
 
 
 def builtin_tasks() -> tuple[Task, ...]:
@@ -119,7 +93,8 @@ def user_scorer(fn):
     """This process's scorer of a user's function (its helper starts on first use)."""
     from dapo_ray.tasks.user import UserScorer
 
-    key = json.dumps([fn.spec, fn.kwargs, fn.convention, fn.timeout_s, fn.on_error, fn.states_reference,
+    # The working directory too: a relative path names another file from another one.
+    key = json.dumps([os.getcwd(), fn.spec, fn.kwargs, fn.convention, fn.timeout_s, fn.on_error, fn.states_reference,
                       fn.trl_completions], sort_keys=True, default=str)  # fmt: skip
     if key not in _scorers:
         _scorers[key] = UserScorer(fn)
@@ -190,7 +165,7 @@ def keep(judged: dict) -> bool:
     >>> keep({"filter_on": "score", "acc": [False, False], "scores": [0.5, 0.0]})
     True
     """
-    from dapo_ray.algo import keep_group
+    from dapo_ray.algo.dynamic_sampling import keep_group
 
     if judged["filter_on"] == "score":
         return len(set(judged["scores"])) > 1

@@ -6,11 +6,22 @@ containing the reference pays a list of guesses; one that reads the last number 
 probe builds such replies from the config's own rows and judges them through the door training uses
 (`dapo_ray.tasks.judge_group`), so the built-in tasks and a `reward.function` are tried alike:
 
-    dapo-ray probe-reward --config workflows/configs/smollm2_cpu.yaml --rows 16
-    kind        paid   score  example
-    echo        0/16    -1.0  'What is 3 + 13? Reply with the number only.'  (reference 16)
-    restated    0/16    -1.0  '3 + 13 = ?'  (reference 16)
+    dapo-ray probe-reward --config workflows/configs/tiny_cpu.yaml --rows 16
+    probing the built-in tasks, reward.mode=dapo on 16 rows: hostile replies must not be paid, controls should be
+      kind            paid  score  example
+    hostile:
+      echo           0/16   -1.00  '49+5=' (reference '54')
+      restated       0/16   -1.00  '49+5=' (reference '54')
+      ...
+      negation       0/16   -1.00  'The answer is not 54.' (reference '54')
+    controls:
+      bare           0/16   -1.00  '54' (reference '54')
+      answer_line   16/16    1.00  'Answer: 54' (reference '54', read '54')
     ...
+    OK: the built-in tasks, reward.mode=dapo paid no hostile reply
+
+`paid` counts the rows on which some reply of the kind was judged right, `score` is the highest score one
+got, and the example is a paid reply when there is one, with what the scorer read in it.
 
 It exits 1 when any hostile reply is paid on any row (a CI gate), 0 otherwise, and 2 when the reward
 function cannot be loaded. Controls (the bare reference, "The answer is <ref>.", "Answer: <ref>") should
@@ -28,6 +39,7 @@ import sys
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from dapo_ray.algo.reward import INVALID
 from dapo_ray.algo.stated import parse_number
 from dapo_ray.data import strip_dapo_template
 
@@ -42,8 +54,11 @@ _INSTRUCTION_RE = re.compile(
     r"(?:\s*\b(?:Reply|Respond|Answer|Give|Put|Write|Return|Output|Provide|State|Remember|Please|Show|Express)"
     r"\b[^.?!]*[.!])+\s*\Z"
 )
-_OPERAND = r"\(*\s*-?\d+(?:\.\d+)?\s*\)*"
-_EXPRESSION_RE = re.compile(rf"{_OPERAND}(?:\s*[-+*/×÷^]\s*{_OPERAND})+")
+_OPERAND = r"(?:\(\s*)*-?\d+(?:\.\d+)?(?:\s*\))*"
+# Numbers and operators only: `18*y**2 + 4` and `174 - 34*p` hold variables and are no sum to restate.
+_EXPRESSION_RE = re.compile(
+    rf"(?<![\w.*/^)])(?<![-+*/×÷^]\s){_OPERAND}(?:\s*[-+*/×÷^]\s*{_OPERAND})+(?![\w(*/^])(?!\s*[-+*/×÷^])"
+)
 _WORDS_RE = re.compile(r"Start with (-?\d+)((?:, (?:add|subtract|multiply by) -?\d+)+)")
 _WORD_OPS = {"add": "+", "subtract": "-", "multiply by": "*"}
 _QUESTION_WORDS_MAX = 40
@@ -80,7 +95,7 @@ def arithmetic_of(problem: str) -> str | None:
     """The expression an arithmetic question asks about, as written ("What is 14 + 3?" -> "14 + 3"; the
     synthetic task's "Start with 49, add 5. What is the result?" -> "49 + 5"); None for any other problem.
 
-    >>> arithmetic_of("What is 14 + 3?"), arithmetic_of("49+5="), arithmetic_of("Find the area of the square.")
+    >>> arithmetic_of("What is 14 + 3?"), arithmetic_of("49+5="), arithmetic_of("Which is smaller: 0 or -10/457?")
     ('14 + 3', '49+5', None)
     """
     if words := _WORDS_RE.search(problem):
@@ -96,10 +111,14 @@ def arithmetic_of(problem: str) -> str | None:
     if found is None or len(problem) - len(found.group()) > _QUESTION_WORDS_MAX:
         return None
     expr = found.group().strip()
-    while expr.count("(") > expr.count(")") and expr.startswith("("):
+    while expr.count("(") > expr.count(")") and expr.startswith("("):  # `(` of the sentence, not the sum
         expr = expr[1:].lstrip()
     while expr.count(")") > expr.count("(") and expr.endswith(")"):
         expr = expr[:-1].rstrip()
+    if expr.count("(") != expr.count(")"):
+        return None
+    if parse_number(expr) is not None:  # `-10/457` is a number ("Which is smaller: 0 or -10/457?"), not a sum
+        return None
     return expr
 
 
@@ -147,7 +166,7 @@ def hostile_replies(row: dict) -> list[tuple[str, str]]:
     whitespace  spaces, tabs and newlines
     hedge       "<ref> or <other>"; for a number also a list holding it, not last ("It is one of 16, 17, 18.")
     refusal     the reference inside a refusal ("I cannot solve this, but it is not 17.")
-    negation    the reference denied ("The answer is not 17.")
+    negation    the reference denied ("The answer is not 17.", "17 is not the answer.", "... not \\boxed{17}.")
     long        10,000 characters of candidate answers, the reference among them (not last)
     unicode     NUL bytes, bidi overrides, zero-width and replacement characters, and no answer
     """
@@ -161,13 +180,18 @@ def hostile_replies(row: dict) -> list[tuple[str, str]]:
     out += [("empty", ""), ("whitespace", " \n\t  \n   ")]
     out += [("hedge", f"{ref} or {other}"), ("hedge", f"Answer: {ref} or {other}")]
     if parse_number(ref) is not None:
-        out += [("hedge", f"It is one of {other2}, {ref}, {other}."), ("hedge", f"Answer: {other2}, {ref}, {other}")]
+        out += [
+            ("hedge", f"It is one of {other2}, {ref}, {other}."),
+            ("hedge", f"Answer: {other2}, {ref}, {other}"),
+        ]
     out += [
         ("refusal", f"I cannot solve this, but it is not {ref}."),
         ("refusal", f"I'm sorry, I can't answer that. It isn't {ref}."),
         ("negation", f"The answer is not {ref}."),
         ("negation", f"{ref} is not the answer."),
         ("negation", f"Answer: not {ref}"),
+        ("negation", f"The answer is not ${ref}$."),  # the reference as LaTeX, as models write it
+        ("negation", f"The answer is not \\boxed{{{ref}}}."),
         ("long", long_reply(ref)),
         ("unicode", _UNICODE_NOISE),
         ("unicode", "Answer: " + _UNICODE_NOISE),
@@ -185,12 +209,13 @@ def long_reply(reference: str, chars: int = LONG_CHARS) -> str:
         c = others[len(lines) % len(others)]
         lines.append(f"Answer: {c}" if len(lines) % 2 else f"Maybe it is {c}.")
         size += len(lines[-1]) + 1
-    lines.insert(len(lines) // 2, f"Answer: {reference}")
-    while len("\n".join(lines)) > chars - 40:
+    while len("\n".join(lines)) > chars - len(reference) - 10:
         lines.pop()
-    body = "\n".join(lines)
-    header = "Candidate answers:"
-    return header + " " * (chars - len(header) - 1 - len(body)) + "\n" + body
+    middle = len(lines) // 2
+    lines.insert(middle, f"Answer: {reference}")
+    # Spaces at the end of the line before the reference bring the reply to `chars` exactly.
+    lines[middle - 1] += " " * (chars - len("\n".join(lines)))
+    return "\n".join(lines)
 
 
 def controls(row: dict) -> list[tuple[str, str]]:
@@ -329,7 +354,7 @@ def probe(cfg, rows: int) -> ProbeReport:
 def table_lines(report: ProbeReport) -> list[str]:
     """The report as a table: kind, rows paid, best score, an example (the reference beside it)."""
     lines = [f"probing {report.scorer} on {report.rows} rows: hostile replies must not be paid, controls should be",
-             f"{'kind':12s} {'paid':>7s} {'score':>6s}  example"]  # fmt: skip
+             f"  {'kind':12s} {'paid':>7s} {'score':>6s}  example"]  # fmt: skip
     for k in report.kinds:
         if k.hostile and k.kind == HOSTILE_KINDS[0]:
             lines.append("hostile:")
@@ -338,17 +363,20 @@ def table_lines(report: ProbeReport) -> list[str]:
         best = f"{max(k.scores):6.2f}" if k.scores else "     -"
         flag = "  <- PAID" if k.hostile and k.paid_rows else ""
         failed = f"  [{k.errors} errors, {k.timeouts} timeouts]" if k.errors or k.timeouts else ""
-        lines.append(f"  {k.kind:10s} {k.paid_rows:>3d}/{k.rows:<3d} {best}  {k.example} "
-                     f"(reference {k.reference!r}, read {k.pred!r}){flag}{failed}")  # fmt: skip
+        read = f", read {k.pred!r}" if k.pred != INVALID else ""  # a user's function may read nothing it says
+        lines.append(f"  {k.kind:12s} {k.paid_rows:>3d}/{k.rows:<3d} {best}  {k.example} "
+                     f"(reference {k.reference!r}{read}){flag}{failed}")  # fmt: skip
     return lines
 
 
 def summary_lines(report: ProbeReport) -> list[str]:
+    """Below the table: reward failures, controls not paid (warnings), and the verdict."""
     lines = []
     if report.errors or report.timeouts:
         lines.append(f"reward errors: {report.errors}, timeouts: {report.timeouts} (scored reward.on_error)")
         for f in report.failures:
-            lines.append(f"  {f['kind']} on {_shorten(f['reply'])}: {f['detail'].strip().splitlines()[-1] if f['detail'] else ''}")
+            last = f["detail"].strip().splitlines()[-1] if f["detail"].strip() else ""
+            lines.append(f"  {f['kind']} on {_shorten(f['reply'])}: {last}")
     for k in report.unpaid_controls:
         lines.append(f"warning: the control {k.kind!r} ({k.example}) was paid on {k.paid_rows}/{k.rows} rows; fine "
                      "when the task asks for one answer form (DAPO's `dapo` mode pays only `Answer:`)")  # fmt: skip
@@ -361,9 +389,9 @@ def summary_lines(report: ProbeReport) -> list[str]:
 
 
 def warn_lines(report: ProbeReport) -> list[str]:
-    """What `dapo-ray train` and `demo` print at start: the hostile kinds paid, reward failures, and rows
-    where no control was paid (a scorer that pays no statement of the answer cannot teach); empty when all
-    is well. They warn and go on; `dapo-ray probe-reward` prints the table."""
+    """What `dapo-ray train` and `demo` print at start: the hostile kinds paid, reward failures, and a
+    scorer that paid no control at all (one that pays no statement of the answer cannot teach); empty when
+    all is well. They warn and go on; `dapo-ray probe-reward` prints the table."""
     lines = []
     for k in report.findings:
         lines.append(f"reward probe: {report.scorer} pays {k.kind} replies on {k.paid_rows}/{k.rows} rows, "
@@ -376,7 +404,7 @@ def warn_lines(report: ProbeReport) -> list[str]:
         lines.append(f"reward probe: {report.scorer} paid none of the plain statements of the reference "
                      "(bare, 'The answer is ...', 'Answer: ...')")  # fmt: skip
     if lines:
-        lines.append("reward probe: `dapo-ray probe-reward` with the same config and overrides shows the table")
+        lines.append("reward probe: `dapo-ray probe-reward` with this config and overrides prints the table")
     return lines
 
 
@@ -408,6 +436,10 @@ def add_parser(sub) -> None:
                        help="try the config's reward (built-in tasks or reward.function) on hostile replies built "
                             "from its data; exits 1 when one is paid")  # fmt: skip
     p.add_argument("--config", default=DEFAULT_CONFIG, help="YAML config file")
-    p.add_argument("--rows", type=int, default=16, help="data rows to build replies from (default: %(default)s)")
-    p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. reward.function=my_reward.py:score")
+    p.add_argument(
+        "--rows", type=int, default=16, help="data rows to build replies from (default: %(default)s)"
+    )
+    p.add_argument(
+        "overrides", nargs="*", help="section.key=value overrides, e.g. reward.function=my_reward.py:score"
+    )
     p.set_defaults(func=main)

@@ -37,6 +37,7 @@ import pickle
 import signal
 import struct
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -208,23 +209,43 @@ def convention_of(fn, stated: str, kwargs: dict, spec: str) -> str:
 # --- calling it ----------------------------------------------------------------------------------------
 
 
-def call_within(timeout_s: float, fn, *args, **kwargs):
-    """`fn(*args, **kwargs)` (awaited when it is a coroutine function), or CallTimeout past `timeout_s`.
-    Main thread only: a SIGALRM timer, repeated every 50 ms in case the function swallows one."""
+WATCHDOG_SIGNAL = signal.SIGUSR1
+"""How a call past its time is interrupted. Not SIGALRM: a library the function calls may set and cancel
+its own `signal.alarm` (Math-Verify's timeouts do), which would cancel an ITIMER_REAL timer with it."""
+_armed = threading.Event()  # set while a call runs: the signal interrupts only then
 
-    def on_alarm(signum, frame):
+
+def _on_watchdog(signum, frame):
+    if _armed.is_set():
         raise CallTimeout
 
-    previous = signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, timeout_s, 0.05)
+
+def call_within(timeout_s: float, fn, *args, **kwargs):
+    """`fn(*args, **kwargs)` (awaited when it is a coroutine function), or CallTimeout past `timeout_s`.
+    Main thread only. A watchdog thread signals the process at the deadline and every 50 ms after, in case
+    the function swallows one; a call that holds the GIL in C is the caller's to kill."""
+    done = threading.Event()
+
+    def watchdog():
+        if done.wait(timeout_s):
+            return
+        while not done.wait(0.05):
+            os.kill(os.getpid(), WATCHDOG_SIGNAL)
+
+    if signal.getsignal(WATCHDOG_SIGNAL) is not _on_watchdog:
+        signal.signal(WATCHDOG_SIGNAL, _on_watchdog)  # kept for the helper's life: a late signal is harmless
+    guard = threading.Thread(target=watchdog, daemon=True)
+    _armed.set()
+    guard.start()
     try:
         out = fn(*args, **kwargs)
         if inspect.isawaitable(out):
             out = asyncio.run(_awaited(out))
         return out
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        _armed.clear()
+        done.set()
+        guard.join()
 
 
 async def _awaited(awaitable):

@@ -29,7 +29,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dapo_ray.tasks import reward_helper
+import dapo_ray.tasks.reward_helper as reward_helper
 
 HELPER = Path(reward_helper.__file__)
 START_TIMEOUT_S = 120.0

@@ -1,8 +1,9 @@
 """Replies that try to game the scorers, in every mode; any change to a scorer runs against them.
 
 A policy trained with the old `math_verify` learned to answer "What is 14 + 3?" with "14 + 3 = ?", which
-Math-Verify evaluated to 17: a restated question, an expression equal to the truth, an assignment, a hedge
-or the prompt echoed must never be paid, and the plain statements of the answer must stay right.
+Math-Verify evaluated to 17: a restated question, an expression equal to the truth, an assignment, a hedge,
+the reference denied or inside a refusal, or the prompt echoed must never be paid, and the plain statements
+of the answer must stay right.
 """
 
 import pytest
@@ -50,6 +51,26 @@ HOSTILE = [
     ("Answer: 16 < x < 18", "17"),
     ("Maybe 17?", "17"),
     ("Answer: 17 \\pm 1", "17"),
+    # the reference denied, or inside a refusal: it is written, but not as the answer
+    ("The answer is not 17.", "17"),
+    ("I cannot solve this, but it is not 17.", "17"),
+    ("I'm sorry, I can't answer that. It isn't 17.", "17"),
+    ("It isn\u2019t 17.", "17"),
+    ("It is never 17.", "17"),
+    ("17 is not the answer.", "17"),
+    ("17 is wrong", "17"),
+    ("Answer: not 17", "17"),
+    ("Answer: It is not 17", "17"),
+    ("Answer: 17 is wrong", "17"),
+    ("Answer: 17 (not)", "17"),
+    ("\\boxed{not 17}", "17"),
+    ("It is not $17$.", "17"),
+    ("It cannot be 17.", "17"),
+    ("It is not equal to 17.", "17"),
+    ("x \\neq 17", "17"),
+    ("anything other than 17", "17"),
+    ("It is not -3.", "-3"),
+    ("It is 17, not 18.", "18"),  # the last number is denied; the reader does not look back past it
     # no answer at all
     ("I do not know.", "17"),
     ("", "17"),
@@ -84,6 +105,12 @@ CONTROLS = [
     ("Answer: the sum is 17", "17", ("math_verify",)),
     ("The discount is 25%.", "25", ("math_verify",)),
     ("Answer: 25\\%", "25", ("math_verify",)),
+    # a negation elsewhere in the reply denies nothing
+    ("It is not 16 but 17.", "17", ("math_verify",)),
+    ("I am not sure, but the sum is 17.", "17", ("math_verify",)),
+    ("No, it is 17.", "17", ("math_verify",)),
+    ("Not 16: the answer is 17.", "17", ("math_verify",)),
+    ("It is not odd; it is 17.", "17", ("math_verify",)),
     # a ground truth that is not a number keeps Math-Verify's symbolic equivalence
     ("Answer: \\frac{\\sqrt{3}}{2}", "\\frac{\\sqrt{3}}{2}", MODES),
     ("Answer: \\sqrt{3}/2", "\\frac{\\sqrt{3}}{2}", ("math_verify",)),
@@ -126,6 +153,20 @@ def test_a_stated_sum_is_paid_and_states_the_reference(v, shape):
     out = compute_score(reply, str(v), "math_verify")
     assert out["acc"] is True and out["pred"] == str(v)
     assert states_reference(reply, str(v))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(-999, 999),
+       st.sampled_from(["The answer is not {v}.", "It isn't {v}.", "{v} is not the answer.", "Answer: not {v}",
+                        "I cannot solve this, but it is not {v}.", "It is never ${v}$.", "Answer: {v} is wrong"]))  # fmt: skip
+def test_a_denied_reference_is_never_paid(v, shape):
+    reply = shape.format(v=v)
+    for mode in MODES:
+        assert compute_score(reply, str(v), mode)["acc"] is False, (reply, mode)
+
+
+def test_a_denied_boxed_answer_is_not_paid():
+    assert compute_score("The answer is not \\boxed{17}.", "17", "math_verify")["acc"] is False
 
 
 @settings(max_examples=300, deadline=None)

@@ -13,6 +13,7 @@ from ray import serve
 from dapo_ray.config import RolloutConfig
 from dapo_ray.pipeline import SamplingSpec, ScoringSpec, generate_round
 from dapo_ray.rollout.deployment import APP_NAME, deploy_rollout
+from dapo_ray.tasks import RewardSpec
 from dapo_ray.weights import create_store
 
 pytestmark = pytest.mark.integration
@@ -40,7 +41,7 @@ def _start_round(count: int) -> tuple[list[dict], threading.Thread, list]:
     calls at a time) whose groups land in the returned list."""
     prompts = [{"uid": str(i), "draw": f"0:{i}", "prompt_ids": [5 + i % 7, 6, 7, 8], "ground_truth": "1"}
                for i in range(count)]  # fmt: skip
-    scoring = ScoringSpec("dapo", 24, True, 8, 1.0, True, 1e-6, True)
+    scoring = ScoringSpec(RewardSpec("dapo"), 24, True, 8, 1.0, True, 1e-6, True)
     out: list = []
     rounds = threading.Thread(target=lambda: out.append(generate_round(
         prompts, APP_NAME, SamplingSpec(4, 1.0, 1.0, 24), scoring, prompts_per_call=2, max_concurrency=4)))  # fmt: skip

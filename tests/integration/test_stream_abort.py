@@ -13,6 +13,7 @@ from dapo_ray.pipeline import SamplingSpec, ScoringSpec
 from dapo_ray.random_model import build_random_model
 from dapo_ray.rollout.deployment import APP_NAME, deploy_rollout
 from dapo_ray.stream import Stream, wait_any
+from dapo_ray.tasks import RewardSpec
 from dapo_ray.weights import create_store
 
 pytestmark = pytest.mark.integration
@@ -34,7 +35,7 @@ def test_aborted_groups_leave_the_replicas_batch_and_never_come_back(tmp_path, r
     try:
         handle = deploy_rollout(cfg, max_model_len=1024, store_name="weights-stream-abort", seed=1)
         stream = Stream(APP_NAME, SamplingSpec(N, 1.0, 1.0, MAX_TOKENS),
-                        ScoringSpec("dapo", MAX_TOKENS, True, 8, 1.0, True, 1e-6, True))  # fmt: skip
+                        ScoringSpec(RewardSpec("dapo"), MAX_TOKENS, True, 8, 1.0, True, 1e-6, True))  # fmt: skip
         rows = [{"uid": str(i), "draw": f"0:{i}", "prompt_ids": [5 + i, 6, 7, 8], "ground_truth": "1"} for i in range(8)]
         t0 = time.time()
         stream.admit(rows)

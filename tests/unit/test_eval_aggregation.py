@@ -20,9 +20,10 @@ from dapo_ray.evaluate import (
     with_target,
 )
 from dapo_ray.pipeline import ScoringSpec, score_group
+from dapo_ray.tasks import RewardSpec
 
 TINY_CFG = Path(__file__).resolve().parents[2] / "workflows" / "configs" / "tiny_cpu.yaml"
-SPEC = ScoringSpec("dapo", max_response_length=20, soft_overlong=True, overlong_cache_length=4,
+SPEC = ScoringSpec(RewardSpec("dapo"), max_response_length=20, soft_overlong=True, overlong_cache_length=4,
                    overlong_penalty_factor=1.0, overlong_filter=True, adv_eps=1e-6, adv_std_unbiased=True)  # fmt: skip
 
 
@@ -79,7 +80,7 @@ def test_a_scored_row_votes_on_the_verifiers_extracted_answers():
            "texts": ["x\nAnswer: 025", "Answer: 24", "Answer: 24", "Answer: 25.", "no idea"],
            "response_ids": [[9] * n for n in (6, 4, 4, 5, 20)], "rollout_logprobs": [[-0.5] * n for n in (6, 4, 4, 5, 20)],
            "finish_reasons": ["stop", "stop", "stop", "stop", "length"], "policy_version": 0}  # fmt: skip
-    r = problem_result(score_group(row, SPEC), "dapo")
+    r = problem_result(score_group(row, SPEC))
     assert r.preds == ("25", "24", "24", "25", INVALID)
     assert r.texts == tuple(row["texts"])  # kept, for the replies an evaluation shows
     assert (r.correct, r.k, r.truncated) == (2, 5, (False, False, False, False, True))

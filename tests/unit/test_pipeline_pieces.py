@@ -7,10 +7,11 @@ from dapo_ray.algo import BatchFiller, behaviour_logprobs, dapo_policy_loss
 from dapo_ray.driver import PromptCursor
 from dapo_ray.metrics import METRICS
 from dapo_ray.pipeline import ScoringSpec, score_group
+from dapo_ray.tasks import RewardSpec
 from dapo_ray.trainer.batch import DUMMY, NO_VERSION, build_shards, flatten_groups, pad_micro, token_versions
 from dapo_ray.trainer.loop import IS_KEYS, SUM_KEYS
 
-SPEC = ScoringSpec("dapo", max_response_length=20, soft_overlong=True, overlong_cache_length=4,
+SPEC = ScoringSpec(RewardSpec("dapo"), max_response_length=20, soft_overlong=True, overlong_cache_length=4,
                    overlong_penalty_factor=1.0, overlong_filter=True, adv_eps=1e-6, adv_std_unbiased=True)  # fmt: skip
 
 
@@ -39,17 +40,17 @@ def test_keep_uses_correctness_not_shaped_score():
 
 
 def test_switches_off():
-    spec = ScoringSpec("dapo", 20, False, 4, 1.0, False, 1e-6, True)
+    spec = ScoringSpec(RewardSpec("dapo"), 20, False, 4, 1.0, False, 1e-6, True)
     row = score_group(group(["Answer: 12", "y"], [18, 20], ["stop", "length"]), spec)
     assert row["scores"] == [1.0, -1.0] and row["loss_weights"] == [1.0, 1.0]
 
 
 def test_dr_grpo_advantage_is_the_mean_centred_reward():
-    spec = ScoringSpec("dapo", 20, False, 4, 1.0, False, 1e-6, True, adv_std_norm=False)
+    spec = ScoringSpec(RewardSpec("dapo"), 20, False, 4, 1.0, False, 1e-6, True, adv_std_norm=False)
     row = score_group(group(["Answer: 12", "Answer: 12", "Answer: 1", "Answer: 2"], [3] * 4, ["stop"] * 4), spec)
     assert row["advantages"] == [1.0, 1.0, -1.0, -1.0]  # with the std: +-0.866
     assert score_group(group(["Answer: 12", "Answer: 12", "Answer: 1", "Answer: 2"], [3] * 4, ["stop"] * 4),
-                       ScoringSpec("dapo", 20, False, 4, 1.0, False, 1e-6, True))["advantages"] == pytest.approx(
+                       ScoringSpec(RewardSpec("dapo"), 20, False, 4, 1.0, False, 1e-6, True))["advantages"] == pytest.approx(
         [0.866025, 0.866025, -0.866025, -0.866025], abs=1e-6)  # fmt: skip
 
 

@@ -115,12 +115,14 @@ def test_the_alarm_share_and_reply_counts_are_configured_and_checked():
 
 
 def test_the_step_metrics_carry_the_hack_alarms_share():
+    from dapo_ray.algo.stated import states_reference
     from dapo_ray.driver import batch_metrics
 
     def group(texts: list[str], acc: list[bool]) -> dict:
         return {"texts": texts, "ground_truth": "17", "acc": acc, "scores": [1.0 if a else -1.0 for a in acc],
                 "truncated": [False] * len(texts), "response_ids": [[1, 2]] * len(texts),
-                "rollout_logprobs": [[-0.1, -0.2]] * len(texts), "policy_version": 3}  # fmt: skip
+                "rollout_logprobs": [[-0.1, -0.2]] * len(texts), "policy_version": 3,
+                "stated": [states_reference(t, "17") for t in texts], "reward_errors": [""] * len(texts)}  # fmt: skip
 
     generated = [group([HACK, "Answer: 17", "Answer: 9"], [True, True, False]), group([HACK, HACK], [True, False])]
     m = batch_metrics(generated[:1], generated, version=3)

@@ -4,6 +4,7 @@ timer, os._exit) scored `reward.on_error`, counted and shown, with the calls aft
 processes (`dapo_ray/tasks/reward_helper.py`), no Ray."""
 
 import json
+import time
 
 import pytest
 
@@ -29,9 +30,14 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kw
     if reply == "loop":
         while True:
             pass
-    if reply == "blocked":  # a C call the helper's timer cannot interrupt
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    if reply == "blocked":  # a C call the helper's watchdog cannot interrupt
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM, signal.SIGUSR1})
         time.sleep(30)
+    if reply == "alarm":  # a library that sets and cancels its own alarm (Math-Verify's timeouts do)
+        signal.alarm(5)
+        signal.alarm(0)
+        while True:
+            pass
     if reply == "exit":
         os._exit(3)
     print("a scorer that prints")  # must not disturb the helper's frames
@@ -125,6 +131,7 @@ def test_a_verl_function_scores_each_reply_with_its_kwargs_source_and_extra_info
     ("none", "error", "None, not a number"),
     ("text", "error", "a str ('right'), not a number"),
     ("loop", "timeout", "ran past reward.timeout_s=0.5"),
+    ("alarm", "timeout", "ran past reward.timeout_s=0.5"),
     ("blocked", "timeout", "ran past reward.timeout_s=0.5"),
     ("exit", "error", "process died (a crash, or it called exit)"),
 ])  # fmt: skip
@@ -140,6 +147,18 @@ def test_every_bad_call_scores_on_error_is_counted_and_shown_and_the_group_goes_
         assert "verl_style.py" in failure["detail"] and "reward_helper.py" not in failure["detail"]
     # The helper (killed for `blocked` and dead after `exit`) serves the next group.
     assert judge_group(row(["17"]), fn)["scores"] == [1.0]
+
+
+def test_a_call_past_its_time_is_cut_inside_the_helper_which_lives_on(files):
+    from dapo_ray.tasks import user_scorer
+
+    fn = spec("rewards/verl_style.py:compute_score", timeout_s=0.5)
+    judge_group(row(["17"]), fn)
+    pid = user_scorer(fn.function)._helper.proc.pid
+    t0 = time.monotonic()
+    assert judge_group(row(["loop", "alarm", "17"]), fn)["reward_errors"] == ["timeout", "timeout", ""]
+    assert time.monotonic() - t0 < 2.5  # two timeouts of 0.5 s, not two kills after the 2 s grace
+    assert user_scorer(fn.function)._helper.proc.pid == pid
 
 
 def test_async_verl_functions_and_verls_two_argument_scorers(files):

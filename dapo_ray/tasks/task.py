@@ -1,0 +1,55 @@
+"""A task: what a row asks and how its replies are judged (`dapo_ray.tasks` picks one by a row's
+`data_source`), and the built-in tasks that need nothing beyond the scorers of `dapo_ray.algo.reward`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dapo_ray.algo.reward import Score
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task: its name, the `data_source` values it takes, its scorer and its alarm check."""
+
+    name: str
+    sources: tuple[str, ...]
+    """`data_source` values it takes: a value as it stands, or its part before the first `/`."""
+    score: Callable[[str, str, str], Score]
+    """(reply, reference, reward.mode) -> verdict; tasks with a metric of their own ignore the mode."""
+    states_reference: Callable[[str, str], bool]
+    """(reply, reference) -> does the reply write the reference answer at all."""
+    about: str
+
+
+# The scorers are imported when first called: `dapo_ray.algo` loads torch, and every `dapo-ray` command
+# imports this package (its `--help` included).
+def _by_mode(reply: str, reference: str, mode: str) -> Score:
+    from dapo_ray.algo.reward import compute_score
+
+    return compute_score(reply, reference, mode)
+
+
+def _exact(reply: str, reference: str, mode: str) -> Score:
+    from dapo_ray.algo.reward import compute_score
+
+    return compute_score(reply, reference, "exact")
+
+
+def states_reference(reply: str, reference: str) -> bool:
+    """The generic alarm check (`algo.stated.states_reference`): the reference, a number by value or text
+    without spaces, appears in the reply."""
+    from dapo_ray.algo.stated import states_reference as generic
+
+    return generic(reply, reference)
+
+
+SUMS = Task("sums", ("synthetic",), _by_mode, states_reference,
+            "generated arithmetic (data.synthetic), scored by reward.mode")  # fmt: skip
+MATHEMATICS = Task("mathematics", ("mathematics_dataset",), _exact, states_reference,
+                   "DeepMind's Mathematics Dataset (dapo-ray prepare-mathematics), its exact match")  # fmt: skip
+DAPO_MATH = Task("dapo_math", ("math_dapo", "aime", "math"), _by_mode, states_reference,
+                 "DAPO-Math-17k and AIME 2024 (dapo-ray prepare --paper-data) and any other source, scored by reward.mode")  # fmt: skip
