@@ -196,8 +196,9 @@ class RolloutConfig:
 class RewardConfig:
     mode: Literal["dapo", "dapo_strict", "math_verify", "exact"] = "dapo"
     """Answer checker: DAPO's string match (+ documented fixes), verbatim DAPO, Math-Verify (numbers read as
-    stated), or a benchmark's exact match of the whole reply (`dapo_ray/algo/reward.py`). Rows of a source with
-    a metric of its own (`mathematics_dataset/...`) are scored by it whatever this says."""
+    stated), or a benchmark's exact match of the whole reply (`dapo_ray/algo/reward.py`). A row's `data_source`
+    picks its task (`dapo_ray/tasks/`): the tasks with a metric of their own (`mathematics_dataset/...`,
+    `openai/gsm8k`, ...) score by it whatever this says; reward.function replaces them all."""
     alarm_share: float = 0.2
     """Hack alarm: raised when more than this share of the replies the scorer rewarded (at least 8) do not
     state the reference answer, at a step or a held-out evaluation (`dapo_ray.replies`)."""

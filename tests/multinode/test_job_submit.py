@@ -1,7 +1,8 @@
 """`ray job submit`, as cluster/README.md has a user type it, against the multinode cluster's Jobs API: the
 checkout is uploaded with cluster/runtime_env.yaml's excludes, the entrypoint (workflows/train.py) runs on
 the head and joins the cluster, the rollout replica and the trainer workers run on their own nodes, and the
-run leaves its MLflow record and final model on the storage every node sees. The cluster runs with Ray's
+run leaves its MLflow record and final model on the storage every node sees. Its reward is a function of
+the user's own (workflows/tasks/answer_line.py), which reaches the job with the uploaded checkout. The cluster runs with Ray's
 token authentication on, and the CLI gets the token as a user's laptop would (RAY_AUTH_MODE=token and
 RAY_AUTH_TOKEN in its environment, cluster/README.md "Authentication")."""
 
@@ -20,6 +21,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME_ENV = ROOT / "cluster" / "runtime_env.yaml"
 STEPS = 3
+REWARD = "workflows/tasks/answer_line.py:compute_score"
 JOB_TIMEOUT_S = 900
 # cluster/README.md: the checkout "under 1 MiB with the excludes of runtime_env.yaml".
 UPLOAD_LIMIT_BYTES = 2**20
@@ -43,6 +45,8 @@ def test_train_job_submitted_with_the_cli(tiny_model_dir, multinode_cluster, tmp
         # (every reply "Answe"), and the run then rightly stops early, with fewer steps than asked: this test is
         # about the job, so it trains gently.
         "trainer.lr=1e-4",
+        # A reward function of the user's own, a path in the checkout: it reaches the job through --working-dir.
+        f"reward.function={REWARD}",
     ]  # fmt: skip
     job_id = f"dapo-mn-{uuid.uuid4().hex[:8]}"
     url = multinode_cluster.dashboard_url
@@ -92,6 +96,11 @@ def test_train_job_submitted_with_the_cli(tiny_model_dir, multinode_cluster, tmp
     env_vars = yaml.safe_load(RUNTIME_ENV.read_text())["env_vars"]
     assert info.runtime_env.get("env_vars", {}) == env_vars, f"{info.runtime_env}\n{tail}"
 
+    # The reward function was imported from the uploaded checkout, not from this one, and scored every reply.
+    loaded = re.findall(rf"reward function {re.escape(REWARD)}: verl convention, from (\S+);", logs)
+    assert loaded and Path(loaded[0]) == (uploaded / "workflows" / "tasks" / "answer_line.py").resolve(), tail
+    assert "could not be scored" not in logs and "a call failed" not in logs, tail
+
     # The job's log: one line per step, then the final model on the shared storage.
     steps = [int(s) for s in re.findall(rf"\] step (\d+)/{STEPS} ", logs)]
     assert steps == list(range(1, STEPS + 1)), tail
@@ -117,6 +126,8 @@ def _check_mlflow_run(out: Path, tail: str) -> None:
     # The replica on the rollout node serves exactly the weights the trainer node sent it.
     assert all(v < 1e-4 for v in sync_diff.values()), seen
     assert all(v > 0 for v in sync_bytes.values()), seen
+    errors = [m.value for name in ("reward/errors", "reward/timeouts") for m in client.get_metric_history(run_id, name)]
+    assert len(errors) == 2 * STEPS and not any(errors), f"reward errors and timeouts {errors}\n{tail}"
 
 
 def _check_final_model(final: Path, initial: Path, tail: str) -> None:
