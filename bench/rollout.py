@@ -124,7 +124,8 @@ def build_model(size: str, out: Path, max_len: int) -> dict:
 def make_prompts(count: int) -> list[dict]:
     """The demo's synthetic training problems, tokenized with the chat template as the driver does."""
     from dapo_ray.config import load_config
-    from dapo_ray.data import synthetic_prompts, tokenize_prompts
+    from dapo_ray.data import tokenize_prompts
+    from dapo_ray.tasks.sums import synthetic_prompts
     from dapo_ray.tiny_model import build_tokenizer
 
     cfg = load_config(CONFIG)

@@ -161,7 +161,7 @@ def side_trl(a: argparse.Namespace, cfg, path: Path) -> dict:
     from trl.rewards import get_soft_overlong_punishment
 
     from dapo_ray.algo.reward import compute_score
-    from dapo_ray.data import synthetic_rows
+    from dapo_ray.tasks.sums import synthetic_rows
 
     t, al, r = cfg.trainer, cfg.algorithm, cfg.rollout
     train, _ = synthetic_rows(dataclasses.asdict(cfg.data.synthetic), cfg.data.template)

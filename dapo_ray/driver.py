@@ -21,7 +21,7 @@ from pathlib import Path
 from dapo_ray import storage
 from dapo_ray.algo import BatchFiller
 from dapo_ray.config import Config, check_model_fits
-from dapo_ray.data import load_prompts, synthetic_rows, tokenize_prompts
+from dapo_ray.data import load_prompts, tokenize_prompts
 from dapo_ray.metrics import Tracker, end_failed_run
 from dapo_ray.pipeline import SamplingSpec, generate_round, scoring_spec
 from dapo_ray.placement import worker_resources
@@ -31,6 +31,7 @@ from dapo_ray.ray_cluster import absolute_paths, init_ray
 from dapo_ray.ray_metrics import DriverMetrics, run_name
 from dapo_ray.replies import alarm_message, alarm_up, replies_record, reply_lines, unstated_rewarded_ratio
 from dapo_ray.stopping import StopRequest
+from dapo_ray.tasks.sums import synthetic_rows
 from dapo_ray.trainer.batch import build_shards, flatten_groups
 
 

@@ -274,8 +274,9 @@ def load_eval_set(cfg, tokenizer) -> tuple[str, list[dict], int]:
     training), ground_truth and the problem's first words. Prompts longer than data.max_prompt_length
     tokens are dropped, as in training."""
     from dapo_ray.config import ConfigError
-    from dapo_ray.data import load_prompts, synthetic_rows, tokenize_prompts
+    from dapo_ray.data import load_prompts, tokenize_prompts
     from dapo_ray.progress import log
+    from dapo_ray.tasks.sums import synthetic_rows
 
     d = cfg.data
     if cfg.eval.files:

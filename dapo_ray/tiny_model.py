@@ -7,7 +7,7 @@
 2. a randomly initialised Qwen2 (untied embeddings: the tied case is the real model's,
    `dapo_ray.smollm2`; `vocab_size == len(tokenizer)`, or vLLM samples ids that decode to nothing);
 3. a brief supervised warm-up on the synthetic task's training split (`synthetic`: the keyword
-   arguments of `data.synthetic_prompts`, the same as the RL run's, so held-out problems stay unseen), stopped as soon as
+   arguments of `tasks.sums.synthetic_prompts`, the same as the RL run's, so held-out problems stay unseen), stopped as soon as
    held-out avg@k reaches `target_acc` (RL needs groups with both successes and failures, so the model
    must start low but above zero), measured as the run's first evaluation measures it (`build_for`: the
    config's `eval.n` samples per held-out problem at its `eval.temperature` and `eval.top_p`), within a
@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 
 from dapo_ray.algo.reward import Mode
-from dapo_ray.data import synthetic_prompts
 from dapo_ray.tasks import task_for
+from dapo_ray.tasks.sums import synthetic_prompts
 from dapo_ray.types import PromptRow
 
 EOS = "<|endoftext|>"

@@ -45,7 +45,7 @@ Modes
     docs/RESULTS.md). Tests that try to game every mode: tests/algo/test_reward_hostile.py.
 
 ``exact``
-    The Mathematics Dataset's own metric (Saxton et al. 2019; `dapo_ray.mathematics`): the answer is the
+    The Mathematics Dataset's own metric (Saxton et al. 2019; `dapo_ray.tasks.mathematics`): the answer is the
     ``Answer:`` line, or else **the whole reply** (trimmed of spaces, a final full stop, ``$...$``,
     ``\\boxed{}`` or ``**`` around it), and it must be the reference: numbers by value as written
     (``-2/11``, ``0.30`` for ``0.3``; never an expression), lists item by item in order, ``True`` /

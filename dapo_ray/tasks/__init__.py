@@ -5,11 +5,14 @@ reference" check (the hack alarm's: `dapo_ray.replies`), and where its prompts c
 `data_source` picks the task, as verl's `default_compute_score(data_source, ...)` does, so one run can mix
 sources:
 
-    data_source                       task          scorer
-    synthetic                         sums          reward.mode's (math_verify in the demo)
-    mathematics_dataset/<module>      mathematics   the benchmark's exact match
-    openai/gsm8k, HuggingFaceH4/MATH-500, ...   benchmarks (dapo_ray.tasks.benchmarks)
-    anything else (math_dapo, aime)   dapo_math     reward.mode's (DAPO's `Answer:` line by default)
+    data_source                       task (module)                  scorer
+    synthetic                         sums (tasks/sums.py)           reward.mode's (math_verify in the demo)
+    mathematics_dataset/<module>      mathematics (tasks/mathematics.py)   the benchmark's exact match
+    openai/gsm8k, HuggingFaceH4/MATH-500, ChilleD/SVAMP, MAWPS     benchmarks (tasks/benchmarks.py)
+    anything else (math_dapo, aime)   dapo_math (tasks/dapo_math.py)       reward.mode's (DAPO's `Answer:` line)
+
+Each module holds its task's prompts (the generator, or where `dapo-ray prepare` finds the data), its scorer,
+its alarm check and its baselines (the Mathematics Dataset's echo baseline).
 
 A reward function of the user's own (`reward.function`, `dapo_ray.tasks.user`) scores every row instead,
 through the same door: its replies, verdicts, failures and the hack alarm go where ours go.
@@ -24,7 +27,10 @@ import json
 import os
 from dataclasses import dataclass
 
-from dapo_ray.tasks.task import DAPO_MATH, MATHEMATICS, SUMS, Task, states_reference
+from dapo_ray.tasks.dapo_math import DAPO_MATH
+from dapo_ray.tasks.mathematics import MATHEMATICS
+from dapo_ray.tasks.sums import SUMS
+from dapo_ray.tasks.task import Task, states_reference
 
 __all__ = ["DAPO_MATH", "MATHEMATICS", "SUMS", "RewardSpec", "Task", "builtin_tasks", "judge_group", "keep",
            "reward_spec", "task_for"]

@@ -280,7 +280,8 @@ def probe_rows(cfg, rows: int) -> list[dict]:
     """The first `rows` rows of the config's training data, loaded as `dapo-ray check` loads them."""
     import dataclasses
 
-    from dapo_ray.data import load_prompts, synthetic_rows
+    from dapo_ray.data import load_prompts
+    from dapo_ray.tasks.sums import synthetic_rows
 
     if cfg.data.source == "synthetic":
         data = synthetic_rows(dataclasses.asdict(cfg.data.synthetic), cfg.data.template)[0]

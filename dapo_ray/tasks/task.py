@@ -1,5 +1,5 @@
 """A task: what a row asks and how its replies are judged (`dapo_ray.tasks` picks one by a row's
-`data_source`), and the built-in tasks that need nothing beyond the scorers of `dapo_ray.algo.reward`."""
+`data_source`), and the scorers the built-in tasks share."""
 
 from __future__ import annotations
 
@@ -27,13 +27,15 @@ class Task:
 
 # The scorers are imported when first called: `dapo_ray.algo` loads torch, and every `dapo-ray` command
 # imports this package (its `--help` included).
-def _by_mode(reply: str, reference: str, mode: str) -> Score:
+def by_mode(reply: str, reference: str, mode: str) -> Score:
+    """`reward.mode`'s scorer (`algo.reward.compute_score`)."""
     from dapo_ray.algo.reward import compute_score
 
     return compute_score(reply, reference, mode)
 
 
-def _exact(reply: str, reference: str, mode: str) -> Score:
+def exact(reply: str, reference: str, mode: str) -> Score:
+    """A benchmark's exact match of the answer (`algo.reward`'s `exact` mode), whatever reward.mode says."""
     from dapo_ray.algo.reward import compute_score
 
     return compute_score(reply, reference, "exact")
@@ -45,11 +47,3 @@ def states_reference(reply: str, reference: str) -> bool:
     from dapo_ray.algo.stated import states_reference as generic
 
     return generic(reply, reference)
-
-
-SUMS = Task("sums", ("synthetic",), _by_mode, states_reference,
-            "generated arithmetic (data.synthetic), scored by reward.mode")  # fmt: skip
-MATHEMATICS = Task("mathematics", ("mathematics_dataset",), _exact, states_reference,
-                   "DeepMind's Mathematics Dataset (dapo-ray prepare-mathematics), its exact match")  # fmt: skip
-DAPO_MATH = Task("dapo_math", ("math_dapo", "aime", "math"), _by_mode, states_reference,
-                 "DAPO-Math-17k and AIME 2024 (dapo-ray prepare --paper-data) and any other source, scored by reward.mode")  # fmt: skip

@@ -4,7 +4,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dapo_ray.data import DAPO_PREFIX, BadRowError, apply_dapo_template, load_prompts, synthetic_prompts
+from dapo_ray.data import DAPO_PREFIX, BadRowError, apply_dapo_template, load_prompts
+from dapo_ray.tasks.sums import synthetic_prompts
 
 
 def test_aime_real_file(real_data):
@@ -120,7 +121,7 @@ def test_synthetic_is_seeded_disjoint_and_scored_correct():
 def test_reasoning_scratchpad_reduces_the_expression_line_by_line():
     import random as _random
 
-    from dapo_ray.data import synthetic_problem
+    from dapo_ray.tasks.sums import synthetic_problem
 
     text, answer, steps = synthetic_problem(_random.Random(1), 4, 0, 9, "+", style="symbols")
     assert (text, answer, steps) == ("2+4+7+7=", "20", ["6+7+7", "13+7"])
@@ -149,7 +150,7 @@ def test_synthetic_short_flavour_and_too_small_space():
 def test_symbols_style_is_left_to_right():
     import random as _random
 
-    from dapo_ray.data import synthetic_problem
+    from dapo_ray.tasks.sums import synthetic_problem
 
     text, answer, steps = synthetic_problem(_random.Random(0), 2, 0, 99, "+", style="symbols")
     assert text == "49+5=" and answer == "54"
@@ -162,7 +163,7 @@ def test_symbols_style_is_left_to_right():
 def test_question_style_asks_as_a_user_asks_a_chat_model_and_carries_the_instruction():
     import random as _random
 
-    from dapo_ray.data import synthetic_problem
+    from dapo_ray.tasks.sums import synthetic_problem
 
     assert synthetic_problem(_random.Random(0), 2, 0, 99, "+", style="question")[:2] == ("What is 49 + 5?", "54")
     rng = _random.Random(5)
@@ -174,7 +175,8 @@ def test_question_style_asks_as_a_user_asks_a_chat_model_and_carries_the_instruc
 
 
 def test_synthetic_rows_take_the_dapo_template_when_asked():
-    from dapo_ray.data import strip_dapo_template, synthetic_rows
+    from dapo_ray.data import strip_dapo_template
+    from dapo_ray.tasks.sums import synthetic_rows
 
     kw = dict(num_train=10, num_eval=5, max_operand=20, style="question")
     plain, _ = synthetic_rows(kw, "none")

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from dapo_ray.algo import token_logprobs
-from dapo_ray.data import synthetic_prompts
 from dapo_ray.rollout.engine import Engine
+from dapo_ray.tasks.sums import synthetic_prompts
 from dapo_ray.tiny_model import build_tokenizer, prompt_text, tiny_config
 
 pytestmark = pytest.mark.integration

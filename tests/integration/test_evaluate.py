@@ -77,7 +77,7 @@ def test_eval_on_aime_2024(tiny_model_dir, ray_cluster, real_data, tmp_path):
 def test_eval_on_the_mathematics_dataset_per_module(tiny_model_dir, ray_cluster, tmp_path, capsys):
     """A benchmark file of two modules: its rows are scored by the benchmark's exact match (their
     data_source), and the report, the markdown and the console give avg@k per module."""
-    from dapo_ray.mathematics import write_splits
+    from dapo_ray.tasks.mathematics import write_splits
 
     write_splits(["numbers__gcd", "arithmetic__add_or_sub"], tmp_path / "data", per_module=4, held_out_per_module=3,
                  seed=5, extrapolate=False, progress=None)  # fmt: skip

@@ -15,8 +15,9 @@ import torch
 from dapo_ray import weights
 from dapo_ray.algo import token_logprobs
 from dapo_ray.config import load_config
-from dapo_ray.data import synthetic_rows, tokenize_prompts
+from dapo_ray.data import tokenize_prompts
 from dapo_ray.rollout.engine import Engine
+from dapo_ray.tasks.sums import synthetic_rows
 
 pytestmark = pytest.mark.integration
 
@@ -235,7 +236,7 @@ def test_the_mathematics_configs_worked_examples_fit_its_prompt_length_in_the_re
     module's, in training and held out, fits `mathematics_cpu.yaml`'s data.max_prompt_length through SmolLM2's
     ChatML template, the examples' replies render as the assistant's turns, and the prompt ends by opening
     the assistant's reply to the question itself."""
-    from dapo_ray import mathematics
+    from dapo_ray.tasks import mathematics
 
     _, tokenizer = hf
     cfg = load_config("workflows/configs/mathematics_cpu.yaml")

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import sympy
 
-from dapo_ray import mathematics
 from dapo_ray.algo.reward import compute_score
 from dapo_ray.data import load_prompts
+from dapo_ray.tasks import mathematics
 
 
 def test_every_module_of_every_split_generates():
@@ -188,7 +188,7 @@ def test_the_same_seed_gives_the_same_files_in_any_process():
     import subprocess
     import sys
 
-    code = ("import hashlib, json; from dapo_ray import mathematics as m; print(hashlib.md5(json.dumps(m.generate("
+    code = ("import hashlib, json; from dapo_ray.tasks import mathematics as m; print(hashlib.md5(json.dumps(m.generate("
             "'interpolate', ['algebra__linear_1d', 'numbers__is_prime', 'numbers__gcd_composed', "
             "'polynomials__evaluate_composed'], 6, seed=2)).encode()).hexdigest())")  # fmt: skip
     root = Path(__file__).resolve().parents[2]

@@ -226,7 +226,7 @@ def test_dapo_math_17k_rows(real_data, mode):
 
 @pytest.fixture(scope="module")
 def mathematics_file(tmp_path_factory):
-    from dapo_ray import mathematics
+    from dapo_ray.tasks import mathematics
 
     out = tmp_path_factory.mktemp("mathematics")
     mathematics.write_splits(mathematics.CPU_MODULES, out, per_module=3, held_out_per_module=1, extrapolate=False,

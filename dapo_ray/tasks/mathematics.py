@@ -54,10 +54,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
 
+from dapo_ray.tasks.task import Task, exact, states_reference
+
 SPLITS = ("train-easy", "train-medium", "train-hard", "interpolate", "extrapolate")
 TRAIN_SPLITS = SPLITS[:3]
 SOURCE = "mathematics_dataset"
 """The `data_source` prefix of every row: `mathematics_dataset/<module>`."""
+MATHEMATICS = Task("mathematics", (SOURCE,), exact, states_reference,
+                   "DeepMind's Mathematics Dataset (dapo-ray prepare-mathematics), its exact match")  # fmt: skip
 INSTRUCTION = "Reply with the answer only."
 CPU_MODULES = (
     "algebra__linear_1d", "arithmetic__add_or_sub", "arithmetic__add_sub_multiple", "arithmetic__div",
@@ -419,8 +423,6 @@ def echo_baseline(rows: list[dict], constants: dict[str, str] | None = None) -> 
     with one `constant` answer, the module's commonest training answer (`constants`, from
     `commonest_answers`; `False` in a primality module), and `best`, the highest of the five. Learning
     counts above it."""
-    from dapo_ray.tasks import MATHEMATICS
-
     right: dict[str, Counter] = defaultdict(Counter)
     total: Counter = Counter()
     for row in rows:
@@ -491,6 +493,6 @@ def module_of(data_source: str) -> str | None:
     return module if prefix == SOURCE and module else None
 
 
-if __name__ == "__main__":  # pragma: no cover - a quick look: python -m dapo_ray.mathematics numbers__gcd
+if __name__ == "__main__":  # pragma: no cover - a quick look: python -m dapo_ray.tasks.mathematics numbers__gcd
     for question, answer in (sample(modules_of("train-easy")[name]) for name in sys.argv[1:]):
         print(f"{question}  ->  {answer}")

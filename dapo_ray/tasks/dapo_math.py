@@ -1,4 +1,4 @@
-"""The paper's public data sets, and where `dapo-ray prepare` finds its inputs.
+"""The paper's task: DAPO-Math-17k and AIME 2024, where `dapo-ray prepare` finds them, and how they are scored.
 
     dapo-ray prepare --paper-data                    # from the Hugging Face Hub (a machine online)
     dapo-ray prepare --paper-data --from DIR         # from local copies (offline): DIR/dapo-math-17k.parquet, ...
@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from dapo_ray.tasks.task import Task, by_mode, states_reference
+
 HUB_PREFIX = "hf://datasets/"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -41,6 +43,12 @@ PAPER_DATA: dict[str, PaperDataset] = {
                               "held-out AIME 2024 (eval.files)"),
 }  # fmt: skip
 """What `--paper-data` writes, by output name (`<out_dir>/<name>.parquet`)."""
+
+
+DAPO_MATH = Task("dapo_math", ("math_dapo", "aime", "math"), by_mode, states_reference,
+                 "DAPO-Math-17k and AIME 2024 (dapo-ray prepare --paper-data) and any other source, scored by reward.mode")  # fmt: skip
+"""The paper's task: DAPO's `Answer:` line by default (reward.mode), and the task of every row whose source
+no other task takes (a user's own parquet without reward.function)."""
 
 
 class DataSourceError(ValueError):
