@@ -343,6 +343,7 @@ def evaluate_model(cfg, out: str | Path | None = None) -> dict:
     from dapo_ray.progress import log
     from dapo_ray.ray_cluster import absolute_paths, init_ray
     from dapo_ray.rollout.deployment import APP_NAME, deploy_rollout
+    from dapo_ray.tasks.task import scorer_name
     from dapo_ray.weights import create_store
 
     t_start = time.time()
@@ -366,7 +367,7 @@ def evaluate_model(cfg, out: str | Path | None = None) -> dict:
         log(f"deploying {r.num_replicas} vLLM rollout replica(s) of {r.model_path}")
         deploy_rollout(r, cfg.data.max_prompt_length + sampling.max_tokens, store_name, cfg.trainer.seed)
         log(f"evaluating {name}: {len(rows)} problems x {e.n} samples, temperature {e.temperature}, top-p {e.top_p}, "
-            f"at most {sampling.max_tokens} tokens, reward {cfg.reward.mode}")  # fmt: skip
+            f"at most {sampling.max_tokens} tokens, scored by {scorer_name(cfg.reward)}")  # fmt: skip
         t_gen = time.time()
 
         def progress(done: list[ProblemResult]) -> None:
@@ -386,7 +387,7 @@ def evaluate_model(cfg, out: str | Path | None = None) -> dict:
     per_source = by_source(results)
     report = {
         "set": name, "model": r.model_path, "files": list(e.files), "k": e.n, "temperature": e.temperature,
-        "top_p": e.top_p, "max_response_length": sampling.max_tokens, "reward_mode": cfg.reward.mode,
+        "top_p": e.top_p, "max_response_length": sampling.max_tokens, "reward_mode": cfg.reward.mode, "reward_function": cfg.reward.function,
         "dropped_long_prompts": dropped, **summary, "generate_s": generate_s, "seconds": time.time() - t_start,
         "per_source": per_source, **said, "per_problem": [p.to_dict() for p in results],
     }  # fmt: skip

@@ -42,6 +42,7 @@ from fractions import Fraction
 from dapo_ray.algo.reward import INVALID
 from dapo_ray.algo.stated import parse_number
 from dapo_ray.data import strip_dapo_template
+from dapo_ray.tasks.task import scorer_name
 
 HOSTILE_KINDS = ("echo", "restated", "empty", "whitespace", "hedge", "refusal", "negation", "long", "unicode")
 CONTROL_KINDS = ("bare", "stated", "answer_line")
@@ -331,11 +332,6 @@ def judge_rows(rows: list[dict], spec, scorer: str) -> ProbeReport:
     return ProbeReport(scorer, len(rows), kinds, failures)
 
 
-def scorer_name(cfg) -> str:
-    r = cfg.reward
-    return f"reward.function={r.function}" if r.function else f"the built-in tasks, reward.mode={r.mode}"
-
-
 def probe(cfg, rows: int) -> ProbeReport:
     """Judge hostile replies and controls built from the first `rows` rows of the config's data. Raises
     `tasks.user.RewardFunctionError` when `reward.function` cannot be loaded."""
@@ -343,7 +339,7 @@ def probe(cfg, rows: int) -> ProbeReport:
 
     spec = reward_spec(cfg)
     try:
-        return judge_rows(probe_rows(cfg, rows), spec, scorer_name(cfg))
+        return judge_rows(probe_rows(cfg, rows), spec, scorer_name(cfg.reward))
     finally:
         if spec.function is not None:  # its helper holds the function's imports; training scores elsewhere
             user_scorer(spec.function).close()

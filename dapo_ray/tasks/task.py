@@ -47,3 +47,13 @@ def states_reference(reply: str, reference: str) -> bool:
     from dapo_ray.algo.stated import states_reference as generic
 
     return generic(reply, reference)
+
+
+def scorer_name(reward) -> str:
+    """What judges a run's replies, for its log lines (`reward`: the config's reward section).
+
+    >>> from dapo_ray.config import RewardConfig
+    >>> scorer_name(RewardConfig(mode="dapo")), scorer_name(RewardConfig(function="my_task.py:score"))
+    ('the built-in tasks, reward.mode=dapo', 'reward.function=my_task.py:score')
+    """
+    return f"reward.function={reward.function}" if reward.function else f"the built-in tasks, reward.mode={reward.mode}"
