@@ -19,10 +19,9 @@ the helper's timer cannot reach is cut off by killing the helper, which the next
 
 from __future__ import annotations
 
-import ctypes
 import json
+import os
 import select
-import signal
 import subprocess
 import sys
 import threading
@@ -56,15 +55,6 @@ class UserFunction:
     trl_completions: str = "messages"
 
 
-def _die_with_parent() -> None:
-    """In the helper, before it runs: SIGKILL when the process that started it dies (Linux), so that a
-    scoring worker that goes never leaves a helper behind stuck in the user's code."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
 DIED = ("error", "the reward function's process died (a crash, or it called exit)")
 
 
@@ -73,8 +63,8 @@ class Helper:
 
     def __init__(self, fn: UserFunction):
         # Unbuffered: frames are awaited with select() on the pipe, which cannot see a read-ahead buffer.
-        self.proc = subprocess.Popen([sys.executable, "-P", str(HELPER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     bufsize=0, preexec_fn=_die_with_parent)  # fmt: skip
+        self.proc = subprocess.Popen([sys.executable, "-P", str(HELPER), str(os.getpid())], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, bufsize=0)  # fmt: skip
         reward_helper.write_frame(self.proc.stdin, {"function": fn.spec, "convention": fn.convention,
                                                     "kwargs": fn.kwargs, "states_reference": fn.states_reference})  # fmt: skip
         ready = self.read(START_TIMEOUT_S)
