@@ -381,8 +381,11 @@ def check_reward(cfg: Config) -> None:
     if rw.probe_rows:
         from dapo_ray.tasks.probe import probe, warn_lines
 
-        for line in warn_lines(probe(cfg, rw.probe_rows)):
+        warnings = warn_lines(probe(cfg, rw.probe_rows))
+        for line in warnings:
             log(line)
+        if not warnings:
+            log(f"probe-reward on {rw.probe_rows} rows of the data: no hostile reply paid (dapo-ray probe-reward for the table)")
 
 
 class TooManyRewardErrors(RuntimeError):
