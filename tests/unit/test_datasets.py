@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dapo_ray.datasets import PAPER_DATA, DataSourceError, hub_id, paper_data_sources, resolve_inputs
+from dapo_ray.tasks.dapo_math import PAPER_DATA, DataSourceError, hub_id, paper_data_sources, resolve_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,7 +49,8 @@ def test_the_reference_config_reads_what_paper_data_writes():
     from dapo_ray.config import load_config
 
     cfg = load_config(ROOT / "workflows" / "configs" / "dapo_qwen2.5_32b.yaml")
-    assert [*cfg.data.train_files, *cfg.eval.files] == [f"data/{name}.parquet" for name in PAPER_DATA]
+    # The paper's two files (`prepare --paper-data`), and MATH-500 beside AIME 2024 (`prepare --benchmarks math500`).
+    assert [*cfg.data.train_files, *cfg.eval.files] == [f"data/{name}.parquet" for name in PAPER_DATA] + ["data/math500.parquet"]
 
 
 def _docs_and_configs() -> list[Path]:
