@@ -626,7 +626,7 @@ SWITCHES = [
     ("Overlong filtering", ("algorithm.overlong_filter",)),
     ("Soft overlong punishment (Eq. 13): on, cache length", ("algorithm.soft_overlong", "algorithm.overlong_cache_length")),
     ("KL coefficient", ("algorithm.kl_coef",)),
-    ("Reward", ("reward.mode",)),
+    ("Reward: the built-in tasks' mode / a function of your own", ("reward.mode", "reward.function")),
     ("Model", ("rollout.model_path",)),
     ("Prompts x responses per step; most prompts per generation round", ("trainer.train_batch_size", "rollout.n",
                                                                          "trainer.gen_batch_size")),

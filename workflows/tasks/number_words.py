@@ -100,7 +100,7 @@ def row(n: int) -> dict:
             "extra_info": {"words": words(n), "digits": len(str(n))}}  # fmt: skip
 
 
-def write(out_dir: str | Path, train: int = 2000, test: int = 128, high: int = 999_999, seed: int = 0) -> dict:
+def write(out_dir: str | Path, train: int = 800, test: int = 64, high: int = 999, seed: int = 0) -> dict:
     """`train.parquet` and a disjoint `test.parquet` of numbers from 0 to `high`, each number's length in
     digits drawn first, uniformly (a uniform draw of the number would be nearly all six-digit numbers)."""
     import pyarrow as pa
@@ -131,9 +131,9 @@ def write(out_dir: str | Path, train: int = 2000, test: int = 128, high: int = 9
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out-dir", default="runs/data/number_words")
-    p.add_argument("--train", type=int, default=2000)
-    p.add_argument("--test", type=int, default=128)
-    p.add_argument("--high", type=int, default=999_999, help="largest number")
+    p.add_argument("--train", type=int, default=800)
+    p.add_argument("--test", type=int, default=64)
+    p.add_argument("--high", type=int, default=999, help="largest number (up to 999,999)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
     print(write(a.out_dir, a.train, a.test, a.high, a.seed), "->", a.out_dir)
