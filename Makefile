@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 export DS_ACCELERATOR ?= cpu
 
-.PHONY: setup demo demo-tiny mathematics test test-fast bench lint
+.PHONY: setup demo demo-tiny mathematics number-words test test-fast bench lint
 
 setup:            ## build .venv from scratch (fast no-op when up to date)
 	bash scripts/setup.sh
@@ -18,6 +18,11 @@ demo-tiny: setup  ## the fast path: the same recipe on a 0.6M-parameter model bu
 mathematics: setup  ## DeepMind's Mathematics Dataset from its PyPI generator, then 30 minutes of DAPO on SmolLM2 (README)
 	$(VENV)/bin/dapo-ray prepare-mathematics --shots 3 --out-dir runs/data/mathematics
 	$(VENV)/bin/dapo-ray demo --config workflows/configs/mathematics_cpu.yaml
+
+number-words: setup  ## a task of your own (README "Your own task"): its data, its reward probed, then DAPO on SmolLM2 (about 12 min)
+	$(PY) workflows/tasks/number_words.py --out-dir runs/data/number_words
+	$(VENV)/bin/dapo-ray probe-reward --config workflows/configs/number_words_cpu.yaml
+	$(VENV)/bin/dapo-ray demo --config workflows/configs/number_words_cpu.yaml
 
 test: setup       ## set up, then run the whole test suite
 	$(PY) -m pytest tests --durations=15
