@@ -139,8 +139,9 @@ def stated_answer(answer: str) -> Fraction | None:
     return parse_number(answer.strip().removesuffix(".").removesuffix("%").removesuffix("\\"))
 
 
-def _numbers_in(text: str) -> list[Fraction]:
+def numbers_in(text: str) -> list[Fraction]:
     """Every number written in `text`, with the sign written before it (`x = -3` gives -3 and 3)."""
+    text = text.translate(_MINUS)
     out = []
     for m in _NUMBER_RE.finditer(text):
         if (value := parse_number(m.group())) is not None:
@@ -166,4 +167,4 @@ def states_reference(response: str, ground_truth: str) -> bool:
     truth = parse_number(ground_truth)
     if truth is None:
         return _canonical_text(ground_truth) in _canonical_text(response)
-    return truth in _numbers_in(response.translate(_MINUS))
+    return truth in numbers_in(response)

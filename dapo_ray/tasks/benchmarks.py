@@ -140,7 +140,7 @@ def score_number(reply: str, reference: str, mode: str = "math_verify") -> Score
 def states_number(reply: str, reference: str) -> bool:
     """The reply writes the reference number (`stated.states_reference`), or for a rounded reference a
     number that rounds to it."""
-    from dapo_ray.algo.stated import _numbers_in
+    from dapo_ray.algo.stated import numbers_in
 
     if states_reference(reply, reference):
         return True
@@ -149,7 +149,7 @@ def states_number(reply: str, reference: str) -> bool:
         return False
     truth = Fraction(reference.strip())
     # every number the reply writes, read as `states_reference` reads them
-    return any(round(v, places) == truth for v in _numbers_in(reply))
+    return any(round(v, places) == truth for v in numbers_in(reply))
 
 
 def _without_dollar_signs(text: str) -> str:
