@@ -15,7 +15,7 @@ demo: setup       ## set up, then run the DAPO demo (SmolLM2-135M-Instruct, abou
 demo-tiny: setup  ## the fast path: the same recipe on a 0.6M-parameter model built here (about 8 min)
 	$(VENV)/bin/dapo-ray demo --config workflows/configs/tiny_cpu.yaml
 
-mathematics: setup  ## DeepMind's Mathematics Dataset from its PyPI generator, then 30 minutes of DAPO on SmolLM2 (README)
+mathematics: setup  ## DeepMind's Mathematics Dataset from its PyPI generator, then 30 minutes of DAPO on SmolLM2 (docs/data.md)
 	$(VENV)/bin/dapo-ray prepare-mathematics --shots 3 --out-dir runs/data/mathematics
 	$(VENV)/bin/dapo-ray demo --config workflows/configs/mathematics_cpu.yaml
 

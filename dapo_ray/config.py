@@ -3,7 +3,7 @@
     cfg = load_config("workflows/configs/tiny_cpu.yaml", ["algorithm.eps_high=0.2", "trainer.lr=1e-5"])
 
 Every DAPO technique is a switch in `algorithm`, so the paper's ablation ladder (Table 1) is a list of
-overrides (see README). Sizes that follow from others (responses per step, gradient updates per step)
+overrides (docs/algorithm.md). Sizes that follow from others (responses per step, gradient updates per step)
 are properties, never stored. Errors name the key and, where there is a fixed set, the valid choices.
 """
 

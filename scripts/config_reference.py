@@ -1,7 +1,7 @@
-"""Write docs/CONFIG.md, every config key with its type, default and the one-line docstring it has in
+"""Write docs/config.md, every config key with its type, default and the one-line docstring it has in
 dapo_ray/config.py (the source is read, not imported: field docstrings are not kept at run time).
 
-    .venv/bin/python scripts/config_reference.py            # rewrite docs/CONFIG.md
+    .venv/bin/python scripts/config_reference.py            # rewrite docs/config.md
     .venv/bin/python scripts/config_reference.py --check    # exit 1 when it is out of date (a test runs this)
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "dapo_ray" / "config.py"
-OUT = ROOT / "docs" / "CONFIG.md"
+OUT = ROOT / "docs" / "config.md"
 
 
 def _classes(tree: ast.Module) -> dict[str, list[tuple[str, str, str, str]]]:
@@ -41,7 +41,7 @@ def reference() -> str:
     lines = ["# Config reference", "",
              "Every key of the config tree (`dapo_ray/config.py`), by section: its type, its default, and what it does.",
              "Set keys in a YAML file (`--config`) or on the command line (`section.key=value`, read as YAML).",
-             "Written by `scripts/config_reference.py` from the source; a test keeps it current.", ""]  # fmt: skip
+             "Written by `python scripts/config_reference.py` from the source; a test keeps it current.", ""]  # fmt: skip
     for section, typename, _, doc in classes["Config"]:
         lines += [f"## {section}", "", doc, "", "| key | type | default | |", "|---|---|---|---|"]
         for name, annotation, default, text in classes[typename]:

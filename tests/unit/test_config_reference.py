@@ -1,4 +1,4 @@
-"""docs/CONFIG.md lists every config key with its docstring, written from dapo_ray/config.py."""
+"""docs/config.md lists every config key with its docstring, written from dapo_ray/config.py."""
 
 import subprocess
 import sys
@@ -16,6 +16,6 @@ def test_the_config_reference_is_current():
 def test_it_names_every_key():
     from dapo_ray.config import load_config
 
-    text = (ROOT / "docs" / "CONFIG.md").read_text()
+    text = (ROOT / "docs" / "config.md").read_text()
     missing = [k for k in load_config(None, ["data.source=synthetic"]).flat() if f"`{k}`" not in text]
     assert missing == []
