@@ -670,6 +670,7 @@ class _Run:
         _print_step(self.step, self.cfg.trainer.total_steps, metrics, fill, self.pace.eta(self.budget_left_s()), self.sync_checked,
                     self.held_out, alarm)  # fmt: skip
         if alarm:
+            self.summary["alarms"] = self.summary.get("alarms", 0) + 1
             log(alarm_message(unstated, rewarded, f"at step {self.step}", self.replies_at))
         return metrics
 
@@ -781,7 +782,9 @@ class _Run:
         self.tracker.log_evaluation({"step": self.step, "k": e.n, "avg_at_k": ev["eval/avg_at_k"],
                                      "unstated_rewarded_ratio": unstated, "rewarded_samples": rewarded, **said},
                                     step=self.step)  # fmt: skip
+        self.summary["last_shapes"] = said["shapes"][:3]
         if alarm_up(unstated, rewarded, self.cfg.reward.alarm_share):
+            self.summary["alarms"] = self.summary.get("alarms", 0) + 1
             log(alarm_message(unstated, rewarded, f"at the held-out evaluation of step {self.step}", self.replies_at))
 
     def scores(self, ev: dict) -> str:
@@ -838,7 +841,47 @@ class _Run:
         self.tracker.close()
         summary["wall_s"] = time.time() - t_start
         log(f"final model: {final}  ({summary['wall_s']:.0f}s in all)")
+        for line in end_of_run(summary, cfg.eval.n, _tracking_uri(cfg) if cfg.tracking.enabled else ""):
+            log(line)
         return summary
+
+
+def end_of_run(summary: dict, k: int, tracking_uri: str) -> list[str]:
+    """The block a finished run ends with: held-out before, after and best; steps and minutes of training;
+    the hack alarm; the commonest replies at the last evaluation; where the report, the final model and the
+    MLflow record are, and the command that shows the last.
+
+    >>> print("\\n".join(end_of_run({"steps": 20, "steps_log": [{"step": 20, "metrics": {"timing/step_s": 330.0}}],
+    ...     "evals": [{"step": 0, "eval/avg_at_k": 0.145}, {"step": 20, "eval/avg_at_k": 0.881}],
+    ...     "last_shapes": [{"shape": "N + N = N", "share": 0.975}], "report": "runs/demo/report",
+    ...     "final_model": "runs/demo/final_model"}, 8, "sqlite:///runs/demo/mlflow.db")))
+    run finished: 20 steps, 5.5 min of training; held-out avg@8 14.5% -> 88.1% (best 88.1% at step 20)
+      hack alarm: never raised
+      commonest replies at the last evaluation: "N + N = N" 97.5%
+      report: runs/demo/report/summary.md (and its figures)
+      model:  runs/demo/final_model
+      MLflow: sqlite:///runs/demo/mlflow.db (mlflow ui --backend-store-uri sqlite:///runs/demo/mlflow.db)
+    """
+    evals = summary.get("evals", [])
+    held_out = ""
+    if evals:
+        first, last = evals[0], evals[-1]
+        best = max(evals, key=lambda e: e["eval/avg_at_k"])
+        held_out = (f"; held-out avg@{k} {first['eval/avg_at_k']:.1%} -> {last['eval/avg_at_k']:.1%} (best "
+                    f"{best['eval/avg_at_k']:.1%} at step {best['step']})")  # fmt: skip
+    minutes = training_s(summary, summary["steps"]) / 60
+    alarms = summary.get("alarms", 0)
+    lines = [f"run finished: {summary['steps']} steps, {minutes:.1f} min of training{held_out}",
+             f"  hack alarm: {f'raised {alarms} time(s); read the replies in the report' if alarms else 'never raised'}"]  # fmt: skip
+    if summary.get("last_shapes"):
+        shapes = ", ".join(f'"{s["shape"]}" {s["share"]:.1%}' for s in summary["last_shapes"])
+        lines.append(f"  commonest replies at the last evaluation: {shapes}")
+    if summary.get("report"):
+        lines.append(f"  report: {summary['report']}/summary.md (and its figures)")
+    lines.append(f"  model:  {summary['final_model']}")
+    if tracking_uri:
+        lines.append(f"  MLflow: {tracking_uri} (mlflow ui --backend-store-uri {tracking_uri})")
+    return lines
 
 
 def budget_spent(t, generated: int, train_s: float) -> str:
