@@ -140,7 +140,7 @@ def test_an_evaluation_prints_a_few_replies_and_raises_the_alarm(capsys):
     s = summarize(results)
     ev = {"eval/avg_at_k": s["avg_at_k"], "eval/unstated_rewarded_ratio": s["unstated_rewarded_ratio"],
           "eval/rewarded_samples": s["rewarded_samples"]}  # fmt: skip
-    run = SimpleNamespace(cfg=cfg, step=7, tracker=Tracker(False, "", "", "", {}), replies_at="report/summary.md")
+    run = SimpleNamespace(cfg=cfg, step=7, tracker=Tracker(False, "", "", "", {}), replies_at="report/summary.md", summary={})
     _Run.show_replies(run, ev, results)
     out = capsys.readouterr().out.splitlines()
     assert [line.split("] ", 1)[1] for line in out] == [
