@@ -39,10 +39,17 @@ import sys
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from dapo_ray.algo.reward import INVALID
-from dapo_ray.algo.stated import parse_number
 from dapo_ray.data import strip_dapo_template
+from dapo_ray.tasks import INVALID
 from dapo_ray.tasks.task import scorer_name
+
+
+def parse_number(text: str) -> Fraction | None:
+    """`algo.stated.parse_number`, imported on first use: `dapo_ray.algo` loads torch, and every `dapo-ray`
+    command's parser imports this module."""
+    from dapo_ray.algo.stated import parse_number as parse
+
+    return parse(text)
 
 HOSTILE_KINDS = ("echo", "restated", "empty", "whitespace", "hedge", "refusal", "negation", "long", "unicode")
 CONTROL_KINDS = ("bare", "stated", "answer_line")

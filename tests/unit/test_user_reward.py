@@ -258,3 +258,10 @@ def test_doctests():
     assert doctest.testmod(reward_helper).failed == 0
 
 
+
+
+def test_the_tasks_no_answer_mark_is_the_verifiers():
+    from dapo_ray.algo.reward import INVALID as verifiers
+    from dapo_ray.tasks import INVALID
+
+    assert INVALID == verifiers
