@@ -182,9 +182,11 @@ def test_paper_data_from_local_copies_is_what_the_reference_config_reads(ray_clu
     monkeypatch.chdir(tmp_path)
     assert main(["prepare", "--paper-data", "--from", str(real_data)]) == 0
     cfg = load_config(ROOT / "workflows" / "configs" / "dapo_qwen2.5_32b.yaml")
-    assert [*cfg.data.train_files, *cfg.eval.files] == ["data/dapo-math-17k.parquet", "data/aime-2024.parquet"]
+    # MATH-500 beside AIME comes from `dapo-ray prepare --benchmarks math500` (tests/unit/test_benchmarks.py).
+    assert [*cfg.data.train_files, *cfg.eval.files] == ["data/dapo-math-17k.parquet", "data/aime-2024.parquet",
+                                                        "data/math500.parquet"]  # fmt: skip
     train, train_report = load_prompts(cfg.data.train_files, cfg.data.template)
-    held_out, _ = load_prompts(cfg.eval.files, cfg.data.template)
+    held_out, _ = load_prompts(cfg.eval.files[:1], cfg.data.template)
     assert train_report.duplicates == 0 and len(train) == len(load_prompts([real_data / "dapo-math-17k.parquet"])[0])
     assert len(held_out) == 30  # the file's 960 rows: 30 problems x 32
     assert Path(report_path("data/aime-2024.parquet")).exists()
