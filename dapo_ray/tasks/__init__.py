@@ -23,6 +23,7 @@ through the same door: its replies, verdicts, failures and the hack alarm go whe
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 from dataclasses import dataclass
@@ -104,6 +105,7 @@ def user_scorer(fn):
                       fn.trl_completions], sort_keys=True, default=str)  # fmt: skip
     if key not in _scorers:
         _scorers[key] = UserScorer(fn)
+        atexit.register(_scorers[key].close)  # its helper and pipes go with the process
     return _scorers[key]
 
 
