@@ -167,7 +167,7 @@ class _Totals:
         """The sums over all ranks (every rank must call it)."""
         head = [self.tokens, self.entropy, self.logprob_diff, self.fresh_tokens,
                 self.up_clipped_tokens, self.up_clipped_prob]  # fmt: skip
-        packed_N = torch.tensor([*head, *(self.loss_stats[k] for k in SUM_KEYS)], dtype=torch.float64)
+        packed_N = torch.tensor([*head, *(self.loss_stats[k] for k in SUM_KEYS)], dtype=torch.float64)  # checked: collective.all_reduce copies it to the engine's device first
         summed = collective.all_reduce(packed_N, device).tolist()
         return _Totals(*summed[: len(head)], loss_stats=dict(zip(SUM_KEYS, summed[len(head) :], strict=True)))
 
@@ -258,7 +258,7 @@ def _prepare(engine, ref, shard: list[dict], version: int, cfg: Config, totals: 
     fresh_here = [float(any(s["weight"] > 0 and max(s["token_versions"], default=-1) >= version for s in micro))
                   for mini in shard[first:] for micro in mini["micro"]]  # fmt: skip
     # Every rank joins this all-reduce, with a reference model too.
-    fresh = collective.all_reduce(torch.tensor(fresh_here or [0.0]), engine.device, op="max").tolist()
+    fresh = collective.all_reduce(torch.tensor(fresh_here or [0.0]), engine.device, op="max").tolist()  # checked: collective.all_reduce copies it to the engine's device first
     engine.eval()
     j = 0
     with torch.no_grad():
@@ -427,7 +427,7 @@ def publish_weights(engine, version: int, store, cfg: Config, rank: int, world: 
     sizes = [group_nbytes(g) for g in groups]
     # One id for this publish on every rank: rank 0's, summed with the others' zeros.
     mine_id = float(random.getrandbits(52)) if rank == 0 else 0.0
-    publish_id = int(collective.all_reduce(torch.tensor([mine_id], dtype=torch.float64), engine.device).item())
+    publish_id = int(collective.all_reduce(torch.tensor([mine_id], dtype=torch.float64), engine.device).item())  # checked: collective.all_reduce copies it to the engine's device first
     nbytes = weights.send_buckets(store, version, publish_id, groups, sizes, cfg.weight_sync.bucket_mb,
                                   open_group=lambda i: gathered(groups[i], cfg.trainer.zero_stage), rank=rank,
                                   world=world, pinned=torch.device(engine.device).type == "cuda")  # fmt: skip
@@ -453,7 +453,7 @@ def _report(engine, metrics: dict, save_state: dict, step: int, rank: int) -> No
     import ray.train
 
     numbers = {k: v for k, v in metrics.items() if isinstance(v, int | float)}
-    tmp = Path(tempfile.mkdtemp(prefix="dapo-ckpt-"))
+    tmp = Path(tempfile.mkdtemp(prefix="dapo-ckpt-"))  # checked: a worker's own scratch dir: written and read by this worker only, then handed to Ray Train, which uploads it
     engine.save_checkpoint(str(tmp), tag="ckpt")
     if rank == 0:
         (tmp / "driver_state.json").write_text(json.dumps(save_state | {"step": step}))
@@ -482,7 +482,7 @@ def _save_final(engine, cfg: Config, final: str, rank: int) -> None:
     state = full_state_dict_cpu(engine.module.lm, cfg.trainer.zero_stage, rank)
     if rank != 0:
         return
-    local = Path(tempfile.mkdtemp(prefix="dapo-final-")) if storage.is_uri(final) else Path(final)
+    local = Path(tempfile.mkdtemp(prefix="dapo-final-")) if storage.is_uri(final) else Path(final)  # checked: rank 0 writes it and uploads it itself (object storage); a local final dir must be a shared mount (trainer.output_dir)
     engine.module.lm.save_pretrained(local, state_dict=state, safe_serialization=True)
     for f in os.listdir(cfg.rollout.model_path):
         if f.startswith("tokenizer") or f in ("special_tokens_map.json", "chat_template.jinja", "generation_config.json"):
@@ -538,7 +538,7 @@ def train_loop(params: dict) -> None:
         exported.trained(step, metrics.pop("local/tokens"), metrics["timing/old_logprob_s"], metrics["timing/update_s"])
         t1 = time.time()
         sync_s, sync_bytes = publish_weights(engine, step, store, cfg, rank, world)
-        sync_bytes = int(collective.all_reduce(torch.tensor([float(sync_bytes)], dtype=torch.float64), engine.device).item())
+        sync_bytes = int(collective.all_reduce(torch.tensor([float(sync_bytes)], dtype=torch.float64), engine.device).item())  # checked: collective.all_reduce copies it to the engine's device first
         metrics |= {"step": step, "timing/weight_sync_s": time.time() - t1 if rank == 0 else 0.0,
                     "weight_sync/bytes": sync_bytes, "weight_sync/publish_s": sync_s}  # fmt: skip
         if params.get("probe_ids"):  # every rank runs it: under ZeRO-3 a forward is a collective

@@ -83,7 +83,7 @@ def restore(engine, checkpoint, tag: str = "ckpt") -> Restored:
         print(f"[trainer {dist.get_rank()}] restored step {state['step']} in place from {root} "
               f"({done.total_files} files, {done.total_bytes:,} bytes)", flush=True)  # fmt: skip
         return done
-    local = Path(tempfile.mkdtemp(prefix="dapo-restore-"))
+    local = Path(tempfile.mkdtemp(prefix="dapo-restore-"))  # checked: this worker's own download of its shards from storage, read back by the same worker
     try:
         fetched = {}
         for name in files_for_rank(sizes, tag, _shard_rank(engine)):
