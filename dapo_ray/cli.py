@@ -41,18 +41,19 @@ def _check(args: argparse.Namespace) -> int:
 
     # The verifier on every ground truth, written right and written wrong: each row by its task's scorer, or
     # the user's reward function (imported as the scoring stage will; its right answers are its own to say).
+    verifier_ok = True
     if cfg.reward.function:
         info = check_function(reward_spec(cfg).function)
         print(f"[check] reward function {cfg.reward.function}: {info['convention']} convention, from {info['where']}")
-        right, wrong = len(rows), 0
     else:
-        right = sum(task_for(row["data_source"]).score(f"Answer: {row['ground_truth']}", row["ground_truth"],
-                                                       cfg.reward.mode)["acc"] for row in rows)  # fmt: skip
-        wrong = sum(task_for(row["data_source"]).score(f"Answer: {row['ground_truth']}1", row["ground_truth"],
-                                                       cfg.reward.mode)["acc"] for row in rows)  # fmt: skip
-        tasks = sorted({task_for(row["data_source"]).name for row in rows})
-        print(f"[check] verifier (tasks {', '.join(tasks)}; reward.mode {cfg.reward.mode}): {right}/{len(rows)} right "
-              f"answers accepted, {wrong}/{len(rows)} wrong answers accepted")  # fmt: skip
+        tasks = [task_for(row["data_source"]) for row in rows]
+        right = sum(t.score(f"Answer: {row['ground_truth']}", row["ground_truth"], cfg.reward.mode)["acc"]
+                    for t, row in zip(tasks, rows, strict=True))  # fmt: skip
+        wrong = sum(t.score(f"Answer: {row['ground_truth']}1", row["ground_truth"], cfg.reward.mode)["acc"]
+                    for t, row in zip(tasks, rows, strict=True))  # fmt: skip
+        print(f"[check] verifier (tasks {', '.join(sorted({t.name for t in tasks}))}; reward.mode {cfg.reward.mode}): "
+              f"{right}/{len(rows)} right answers accepted, {wrong}/{len(rows)} wrong answers accepted")  # fmt: skip
+        verifier_ok = right == len(rows) and wrong == 0
 
     # One group through shaping, the filter and the advantage, as a step would.
     lengths = [r.max_response_length // 4, r.max_response_length - a.overlong_cache_length // 2, r.max_response_length]
@@ -62,7 +63,7 @@ def _check(args: argparse.Namespace) -> int:
     adv = group_advantages(shaped, a.adv_eps, a.adv_std_unbiased, a.adv_std_norm)
     print(f"[check] group lengths {lengths} correct {acc}: rewards {[round(x, 3) for x in shaped]}, "
           f"kept={keep_group(acc)}, advantages {[round(x, 3) for x in adv]}")  # fmt: skip
-    ok = right == len(rows) and wrong == 0
+    ok = verifier_ok
     print(f"[check] {'OK' if ok else 'FAILED'} in {time.time() - t0:.1f}s")
     return 0 if ok else 1
 

@@ -7,7 +7,7 @@ starts in milliseconds; the function's own imports take what they take) and talk
 and stdout, one pickled frame at a time:
 
     -> {"function": "path/to/file.py:name", "convention": "auto", "kwargs": {...}, "states_reference": ""}
-    <- {"ok": True, "convention": "verl", "where": "/abs/path/file.py", "is_async": False, ...}
+    <- {"ok": True, "convention": "verl", "where": "/abs/path/file.py", "verl_args": (...)}
        or {"ok": False, "error": "what is wrong, naming the file and the function"}
     -> {"op": "verl", "calls": [{"data_source", "solution_str", "ground_truth", "extra_info"}, ...], "timeout_s"}
        (each call passes the keywords the function takes: `verl_args_of`)
@@ -365,8 +365,7 @@ def serve(stdin, stdout) -> None:
         return
     verl_args = verl_args_of(fn, kwargs) if convention == "verl" else ()
     wanted = trl_columns_of(fn) if convention == "trl" else ()
-    write_frame(stdout, {"ok": True, "convention": convention, "where": origin, "verl_args": verl_args,
-                         "is_async": inspect.iscoroutinefunction(fn), "trl_columns": wanted})  # fmt: skip
+    write_frame(stdout, {"ok": True, "convention": convention, "where": origin, "verl_args": verl_args})
     while True:
         try:
             request = read_frame(stdin)

@@ -128,11 +128,6 @@ class UserScorer:
             self._helper = Helper(self.fn)
         return self._helper
 
-    @property
-    def info(self) -> dict:
-        with self._lock:
-            return self._started().info
-
     def _kill(self) -> None:
         if self._helper is not None:
             self._helper.close()
