@@ -245,7 +245,7 @@ def _ladder(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from dapo_ray import evaluate, report
+    from dapo_ray import evaluate, rehearsal, report
 
     p = argparse.ArgumentParser(prog="dapo-ray", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -326,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     lad.add_argument("rung", nargs="?", help="one rung or variant; all when omitted")
     lad.set_defaults(func=_ladder)
     report.add_parser(sub)
+    rehearsal.add_parser(sub)
     return p
 
 

@@ -229,7 +229,7 @@ class Stack:
         from dapo_ray.rollout.deployment import APP_NAME, deploy_rollout
         from dapo_ray.trainer.channel import Channel
         from dapo_ray.trainer.loop import train_loop
-        from dapo_ray.weights import NAMESPACE, create_store
+        from dapo_ray.weights import NAMESPACE, create_store, on_this_node
 
         t, r = cfg.trainer, cfg.rollout
         output = t.output_dir
@@ -238,7 +238,7 @@ class Stack:
         self.num_workers = t.num_workers
         self.store = create_store(f"weights-{name}", cfg.weight_sync.keep_versions)
         self.sync_timeout_s = cfg.weight_sync.timeout_s
-        self.channel = Channel.options(name=f"channel-{name}", namespace=NAMESPACE).remote(t.num_workers)
+        self.channel = Channel.options(name=f"channel-{name}", namespace=NAMESPACE, **on_this_node()).remote(t.num_workers)
         self.generation = 0  # "ready" messages read: the worker group that shards are for
         log(f"deploying {r.num_replicas} vLLM rollout replica(s) of {r.model_path}")
         self.handle = deploy_rollout(r, cfg.max_model_len, f"weights-{name}", t.seed, run=run_name(cfg),

@@ -395,9 +395,19 @@ class WeightStore:
 NAMESPACE = "dapo-ray"
 
 
+def on_this_node() -> dict:
+    """Actor options that keep an actor on the calling process's node. The driver's own actors (the weight
+    store, the trainer channel) need no CPU, and Ray places such an actor on any node, a rollout node
+    among them: when that node went (a preempted pod, an autoscaler's removal), the run went with it
+    (`dapo-ray rehearse --lose rollout@2` showed it). On the driver's node they live as long as the driver."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)}
+
+
 def create_store(name: str, keep: int = 2) -> ray.actor.ActorHandle:
-    """The run's weight store, owned by the driver (it goes away with the driver)."""
-    return WeightStore.options(name=name, namespace=NAMESPACE, get_if_exists=True).remote(keep)
+    """The run's weight store, owned by the driver (it goes away with the driver), on the driver's node."""
+    return WeightStore.options(name=name, namespace=NAMESPACE, get_if_exists=True, **on_this_node()).remote(keep)
 
 
 def get_store(name: str) -> ray.actor.ActorHandle:
