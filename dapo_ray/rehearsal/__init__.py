@@ -117,7 +117,9 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--out-dir", default="runs/rehearsal", help="logs, timeline.json and the run (default: %(default)s)"
     )
-    p.add_argument("--dashboard", action="store_true", help="serve the Ray dashboard on a free loopback port")
+    p.add_argument("--no-dashboard", dest="dashboard", action="store_false",
+                   help="no Ray dashboard (by default it is served on a free loopback port, and Ray Train's "
+                        "helpers read the state API through it)")  # fmt: skip
     p.add_argument(
         "--no-isolation",
         action="store_true",
@@ -244,7 +246,8 @@ def _report(watcher, small, summary, cfg, out_dir: Path, losses) -> int:
     report["figures"] = {}
     for g in small.groups:
         res = next(iter(g.custom), g.name)
-        f = timeline.figures(samples, g.name, res)
+        lost_at = tuple(e["t"] for e in watcher.events if e["event"].startswith(f"lost a {g.name} node"))
+        f = timeline.figures(samples, g.name, res, lost_at)
         report["figures"][g.name] = f
         if g.autoscaled:
             log(f"rehearsal: {g.name}: work waiting -> node up {_fmt(f['demand_to_node_s'])}; -> replica serving "
@@ -253,12 +256,14 @@ def _report(watcher, small, summary, cfg, out_dir: Path, losses) -> int:
     checks = [
         (not head_used, "nothing placed on the head" + (f" (in use there: {head_used})" if head_used else ""))
     ]
-    fixed = [g for g in small.groups if not g.autoscaled]
-    for g in fixed:
-        counts = {s.nodes[g.name]["up"] for s in samples if s.nodes[g.name]["up"]}
+    for g in (g for g in small.groups if not g.autoscaled):  # once at its size, a fixed group stays there
+        ups = [s.nodes[g.name]["up"] for s in samples]
+        after = ups[ups.index(g.max_nodes):] if g.max_nodes in ups else []
         lost = any(x == g.name for x, _ in losses)
-        checks.append((lost or counts == {g.max_nodes}, f"{g.name} group: {sorted(counts)} node(s) up"
-                                                        + (" (one lost on purpose)" if lost else "")))  # fmt: skip
+        steady = bool(after) and (set(after) == {g.max_nodes} or (lost and after[-1] == g.max_nodes))
+        checks.append((steady, f"{g.name} group: {g.max_nodes} node(s) from the start"
+                               + (" (one lost on purpose, then replaced)" if lost else "")
+                               + ("" if steady else f", but up over time: {_changes(ups)}")))  # fmt: skip
     if summary is not None:
         checks += timeline.verdict(summary, cfg.trainer.total_steps, cfg.algorithm.max_policy_lag)
     for ok, line in checks:

@@ -149,31 +149,29 @@ class Watcher:
         return {"samples": [asdict(s) for s in self.samples], "events": self.events}
 
 
-def figures(samples: list[Sample], group: str, resource: str) -> dict[str, list[float]]:
+def figures(samples: list[Sample], group: str, resource: str, lost_at: tuple[float, ...] = ()) -> dict[str, list[float]]:
     """From the samples: seconds from work waiting for a `group` node (a pending demand naming `resource`, or
     a launch) to the node up, and to one more Serve replica running; seconds from Serve's replicas falling
-    to the node's removal.
+    to the node's removal (not counted when a node was killed on purpose in between, at a time in `lost_at`).
 
     >>> S = lambda t, up, pend, run, wait=(): Sample(t, {"rollout": {"up": up, "idle": 0, "pending": pend}}, list(wait), {"RUNNING": run}, 0)
-    >>> figures([S(0, 0, 0, 0, ["{CPU: 1, rollout: 1} x1"]), S(1, 0, 1, 0), S(6, 1, 0, 0), S(30, 1, 0, 1),
-    ...          S(40, 1, 0, 0), S(52, 0, 0, 0)], "rollout", "rollout")
-    {'demand_to_node_s': [6.0], 'demand_to_serving_s': [30.0], 'downscale_to_removal_s': [12.0]}
+    >>> figures([S(0, 0, 0, 0, ["{CPU: 1, rollout: 1} x1"]), S(1, 0, 1, 0), S(6, 1, 1, 0), S(8, 1, 0, 0),
+    ...          S(30, 1, 0, 1), S(70, 1, 1, 1), S(75, 2, 0, 1), S(90, 2, 0, 2), S(100, 2, 0, 0), S(112, 0, 0, 0)],
+    ...         "rollout", "rollout")
+    {'demand_to_node_s': [6.0, 5.0], 'demand_to_serving_s': [30.0, 20.0], 'downscale_to_removal_s': [12.0]}
     """
     out: dict[str, list[float]] = {
         "demand_to_node_s": [],
         "demand_to_serving_s": [],
         "downscale_to_removal_s": [],
     }
-    asking_since = None  # since when work has waited for a node of the group that is not up yet
+    asking_since = None  # since when work has waited for a node of the group
     came_up: list[float] = []  # for each node up whose replica is not serving yet: when its wait began
     down_at = None  # when Serve's running replicas last fell, until a node goes
     prev = None
     for s in samples:
         n = s.nodes.get(group, {"up": 0, "pending": 0, "idle": 0})
         running = s.replicas.get("RUNNING", 0)
-        asking = n["pending"] > 0 or any(f"{resource}:" in w for w in s.waiting)
-        if asking and asking_since is None:
-            asking_since = s.t
         if prev is not None:
             pn = prev.nodes.get(group, {"up": 0, "pending": 0, "idle": 0})
             p_running = prev.replicas.get("RUNNING", 0)
@@ -181,14 +179,21 @@ def figures(samples: list[Sample], group: str, resource: str) -> dict[str, list[
                 start = asking_since if asking_since is not None else prev.t
                 out["demand_to_node_s"].append(round(float(s.t - start), 1))
                 came_up.append(start)
-                asking_since = s.t if n["pending"] else None
+                asking_since = None
             if running > p_running and came_up:
                 out["demand_to_serving_s"].append(round(float(s.t - came_up.pop(0)), 1))
             if running < p_running and down_at is None:
                 down_at = s.t
             if n["up"] < pn["up"] and down_at is not None:
-                out["downscale_to_removal_s"].append(round(float(s.t - down_at), 1))
+                if not any(down_at - 5 <= t <= s.t for t in lost_at):
+                    out["downscale_to_removal_s"].append(round(float(s.t - down_at), 1))
                 down_at = None
+        # Work waits for a node while one is pending or a demand names the group's resource (the
+        # autoscaler's count of pending nodes lags a sample behind a node coming up: a wait ends there).
+        if n["pending"] > 0 or any(f"{resource}:" in w for w in s.waiting):
+            asking_since = s.t if asking_since is None else asking_since
+        else:
+            asking_since = None
         prev = s
     return out
 
