@@ -9,8 +9,9 @@
 * The runtime environments are parsed by Ray's own `RuntimeEnv`.
 * Feasibility: the node types Ray's KubeRay autoscaler derives from each cluster spec must host one
   rollout replica and one trainer worker of the config the entrypoint runs, and scale to its sizes.
-* Disk: every disk volume sized, a pod's within the disk cluster/README.md lists, and TMPDIR on one with room
-  for what the trainer ranks write there (a checkpoint's shards, the final model).
+* Disk: every disk volume sized, a pod's within the disk cluster/README.md lists, requested (ephemeral-storage,
+  as the scheduler adds it up) for at least their sum and as much as the README lists, and TMPDIR on one with
+  room for what the trainer ranks write there (a checkpoint's shards, the final model).
 * The entrypoint names a config that loads and passes `dapo-ray check`.
 * Anyscale: the anyscale SDK's models when installed, else its keys and ranges by hand; the same custom
   resources and the same entrypoint as the RayJob.
@@ -425,9 +426,61 @@ def _tmp_need(cfg: Config, ranks_per_pod: int) -> float:
     return ranks_per_pod * 12 * PARAMS / cfg.trainer.num_workers + 2 * PARAMS
 
 
+def _container_disk(c: dict, kind: str) -> float | None:
+    """A container's ephemeral-storage `kind` ("requests" or "limits"); a request left out is its limit, as the
+    API server fills it in."""
+    res = c.get("resources") or {}
+    q = (res.get(kind) or {}).get("ephemeral-storage")
+    if q is None and kind == "requests":
+        q = (res.get("limits") or {}).get("ephemeral-storage")
+    return None if q is None else _quantity(q)
+
+
+def _pod_disk(pod: dict, kind: str = "requests") -> float:
+    """A pod's ephemeral-storage `kind` as Kubernetes adds it up (k8s.io/component-helpers resource.PodRequests,
+    PodLimits): the larger of its containers' sum, sidecars (init containers with restartPolicy: Always)
+    included, and any other init container's own with the sidecars started before it. The scheduler places a
+    pod by its requests; an emptyDir's sizeLimit only says when the kubelet evicts it."""
+    total = sum(_container_disk(c, kind) or 0.0 for c in pod["containers"])
+    sidecars = init = 0.0
+    for c in pod.get("initContainers", []):
+        amount = _container_disk(c, kind) or 0.0
+        if c.get("restartPolicy") == "Always":
+            total, sidecars = total + amount, sidecars + amount
+            init = max(init, sidecars)
+        else:
+            init = max(init, amount + sidecars)
+    return max(total, init)
+
+
+def _disk_request_errors(name: str, pod: dict, volumes: float, listed: float | None) -> list[str]:
+    """The pod requests at least its disk volumes (emptyDirs on disk; /dev/shm counts as memory) and just the
+    disk cluster/README.md lists for its group; its limit, if it has one, lets the volumes fill."""
+    errors, gib = [], 2**30
+    containers = pod.get("initContainers", []) + pod["containers"]
+    for c in containers:
+        limit = _container_disk(c, "limits")
+        if limit is not None and (_container_disk(c, "requests") or 0.0) > limit:
+            errors.append(f"{name}/{c['name']}: requests more ephemeral-storage than its limit; the API server "
+                          "rejects it")  # fmt: skip
+    request, limited = _pod_disk(pod), any(_container_disk(c, "limits") is not None for c in containers)
+    if request < volumes:
+        errors.append(f"{name}: the pod requests {request / gib:g} GiB of ephemeral-storage, less than its disk "
+                      f"volumes' {volumes / gib:g} GiB: the scheduler places it on nodes without the room, and "
+                      "the kubelet evicts it once they fill")  # fmt: skip
+    if limited and _pod_disk(pod, "limits") < volumes:
+        errors.append(f"{name}: the pod's ephemeral-storage limit ({_pod_disk(pod, 'limits') / gib:g} GiB) is "
+                      f"below its disk volumes' {volumes / gib:g} GiB: the kubelet evicts it before they fill")  # fmt: skip
+    if listed is not None and request != listed:
+        errors.append(f"{name}: the pod requests {request / gib:g} GiB of ephemeral-storage; cluster/README.md "
+                      f"lists {listed / gib:g} GiB disk")  # fmt: skip
+    return errors
+
+
 def _disk_errors(spec: dict, cfg: Config) -> list[str]:
-    """Every disk volume is sized and a pod's add up within the disk the README lists for its group; every
-    pod that runs trainer ranks sets TMPDIR on one of them, with room for `_tmp_need`."""
+    """Every disk volume is sized and a pod's add up within the disk the README lists for its group, which the
+    pod requests (`_disk_request_errors`); every pod that runs trainer ranks sets TMPDIR on one of them, with
+    room for `_tmp_need`."""
     trainer = _hosts(_kuberay_node_types(spec), placement.worker_resources(cfg.trainer))
     listed, errors = _readme_disk(), []
     for name, g in _groups(spec):
@@ -441,6 +494,7 @@ def _disk_errors(spec: dict, cfg: Config) -> list[str]:
         elif total > listed[name]:
             errors.append(f"{name}: the pod's disk volumes take {total / 2**30:g} GiB, more than the "
                           f"{listed[name] / 2**30:g} GiB cluster/README.md lists")  # fmt: skip
+        errors += _disk_request_errors(name, pod, total, listed.get(name))
         if name not in trainer:
             continue
         container = pod["containers"][0]
@@ -667,6 +721,38 @@ def test_the_pods_disks_fit_the_readme_and_the_trainer_ranks_temporary_files(nam
     assert 100 * 2**30 < _tmp_need(cfg, 8) < 110 * 2**30
 
 
+@pytest.mark.parametrize("name", list(_cluster_specs()))
+def test_the_pods_request_their_disk(name):
+    """The scheduler places pods by requests: each pod asks for its disk volumes and a margin for logs and
+    container layers, or it lands on a node with a small root disk and is evicted mid-run."""
+    for group, g in _groups(_cluster_specs()[name]):
+        pod = g["template"]["spec"]
+        volumes = sum(_quantity(v["emptyDir"]["sizeLimit"]) for v in pod["volumes"]
+                      if "emptyDir" in v and v["emptyDir"].get("medium") != "Memory")  # fmt: skip
+        assert volumes > 0, group
+        assert _disk_request_errors(group, pod, volumes, None) == []
+        assert _pod_disk(pod) == _pod_disk(pod, "limits") >= volumes + 8 * 2**30, group
+
+
+def test_a_pods_disk_request_adds_up_as_kubernetes_adds_it():
+    def c(name, request=None, limit=None, **extra):
+        res = {k: {"ephemeral-storage": v} for k, v in (("requests", request), ("limits", limit)) if v}
+        return {"name": name, "resources": res, **extra}
+
+    pod = {"containers": [c("ray", "10Gi"), c("autoscaler")], "initContainers": [c("fetch", "50Gi")]}
+    assert _pod_disk(pod) == 50 * 2**30  # the larger of the init container's and the containers' sum
+    pod["containers"].append(c("log-shipper", limit="45Gi"))  # a request defaults to the limit
+    assert _pod_disk(pod) == 55 * 2**30 and _pod_disk(pod, "limits") == 45 * 2**30
+    pod["initContainers"].insert(0, c("proxy", "2Gi", restartPolicy="Always"))  # a sidecar runs throughout
+    assert _pod_disk(pod) == 57 * 2**30
+    assert _disk_request_errors("x", pod, 60 * 2**30, None) == [
+        "x: the pod requests 57 GiB of ephemeral-storage, less than its disk volumes' 60 GiB: the scheduler "
+        "places it on nodes without the room, and the kubelet evicts it once they fill",
+        "x: the pod's ephemeral-storage limit (45 GiB) is below its disk volumes' 60 GiB: the kubelet evicts "
+        "it before they fill",
+    ]
+
+
 def test_anyscale_nodes_write_temporary_files_to_their_nvme():
     """Anyscale mounts a node's NVMe at /mnt/local_storage (the root disk where there is none)."""
     assert _load(ANYSCALE_JOB)[0]["env_vars"]["TMPDIR"].startswith("/mnt/local_storage")
@@ -716,6 +802,19 @@ def _set(*changes: tuple[tuple, object]):
     return mutate
 
 
+def _drop(*paths: tuple):
+    """A way to break the RayJob: remove each path of keys."""
+
+    def mutate(doc: dict) -> None:
+        for *parents, last in paths:
+            node = doc
+            for k in parents:
+                node = node[k]
+            del node[last]
+
+    return mutate
+
+
 SPEC = ("spec", "rayClusterSpec")
 HEAD = (*SPEC, "headGroupSpec")
 ROLLOUT = (*SPEC, "workerGroupSpecs", 0)
@@ -723,6 +822,7 @@ TRAINER = (*SPEC, "workerGroupSpecs", 1)
 ROLLOUT_LIMITS = (*ROLLOUT, "template", "spec", "containers", 0, "resources", "limits")
 ROLLOUT_REQUESTS = (*ROLLOUT, "template", "spec", "containers", 0, "resources", "requests")
 TRAINER_POD = (*TRAINER, "template", "spec")
+TRAINER_RESOURCES = (*TRAINER_POD, "containers", 0, "resources")
 BROKEN = {
     # the operator's rules
     "unknown submission mode": _set((("spec", "submissionMode"), "K8sMode")),
@@ -751,6 +851,11 @@ BROKEN = {
     "too little room under TMPDIR": _set(((*TRAINER_POD, "volumes", 2, "emptyDir", "sizeLimit"), "64Gi")),
     "more disk than the README lists": _set(((*ROLLOUT, "template", "spec", "volumes", 1, "emptyDir", "sizeLimit"), "512Gi")),
     "an unbounded disk volume": _set(((*TRAINER_POD, "volumes", 1, "emptyDir"), {})),
+    "no disk request on the trainer pods": _drop((*TRAINER_RESOURCES, "requests", "ephemeral-storage"),
+                                                 (*TRAINER_RESOURCES, "limits", "ephemeral-storage")),
+    "a trainer disk request below its volumes": _set(((*TRAINER_RESOURCES, "requests", "ephemeral-storage"), "128Gi")),
+    "a rollout disk limit below its volumes": _set(((*ROLLOUT_LIMITS, "ephemeral-storage"), "100Gi"),
+                                                   ((*ROLLOUT_REQUESTS, "ephemeral-storage"), "100Gi")),
     # feasibility
     "2-GPU rollout pods": _set(((*ROLLOUT_LIMITS, "nvidia.com/gpu"), "2"), ((*ROLLOUT_REQUESTS, "nvidia.com/gpu"), "2")),
     "8 GPUs for one replica": _set(((*ROLLOUT_LIMITS, "nvidia.com/gpu"), "8"), ((*ROLLOUT_REQUESTS, "nvidia.com/gpu"), "8")),
