@@ -689,7 +689,12 @@ class _Run:
             return
         (step, answer, trainer_lp), self.sync_check = self.sync_check, None
         t0 = time.time()
-        engine_version, engine_lp = answer.result()
+        try:
+            engine_version, engine_lp = answer.result()
+        except Exception as e:  # noqa: BLE001 - a check never stops a run: its replica died, or its engine
+            log(f"step {step}'s sync not checked: the replica that took the probe failed ({type(e).__name__}: "
+                f"{str(e).splitlines()[0][:200] if str(e) else 'no message'})")  # fmt: skip
+            return
         trainer_lps = {step: trainer_lp}
         if newer is not None:
             trainer_lps[newer[0]] = newer[1]

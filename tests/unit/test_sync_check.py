@@ -43,3 +43,20 @@ def test_an_answer_at_neither_version_is_not_recorded_as_a_difference(capsys):
     assert run.summary["steps_log"][0]["metrics"] == {} and run.logged == []
     assert "not checked" in capsys.readouterr().out
     assert sync_diff(3, [0.0], {1: [0.0], 2: [0.0]}) is None
+
+
+def test_a_probe_whose_replica_failed_is_not_checked_and_the_run_goes_on(capsys):
+    """The replica that took the probe died (its actor, or its engine: `EngineDead`) before answering: the
+    step is left unchecked, with a line that says why, and nothing is raised."""
+    from ray.exceptions import RayActorError
+
+    from dapo_ray.rollout.engine import EngineDead
+
+    for error in (RayActorError(), EngineDead("the engine core died (EngineDeadError())"), TimeoutError()):
+        run = _run_with_pending_check(1, [-1.0, -2.0])
+        answer: Future = Future()
+        answer.set_exception(error)
+        run.sync_check = (1, answer, [-1.0, -2.0])
+        _Run.check_sync(run)
+        assert run.sync_check is None and run.logged == [] and run.summary["steps_log"][0]["probe_version"] is None
+        assert f"step 1's sync not checked: the replica that took the probe failed ({type(error).__name__}" in capsys.readouterr().out
