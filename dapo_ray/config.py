@@ -161,9 +161,9 @@ class RolloutConfig:
     enforce_eager: bool = False
     """Disable CUDA graphs / compilation (set true on CPU)."""
     engine_ready_timeout_s: int = 600
-    """Seconds a replica waits for its vLLM engine core to start (load the weights, compile, capture CUDA
-    graphs) before it fails (VLLM_ENGINE_READY_TIMEOUT_S; vLLM's default is 600). Raise it for large
-    models: a fresh node may take longer for a 32B one."""
+    """Seconds a replica's vLLM engine may take to start (load the weights, compile, capture CUDA graphs);
+    past it the replica's start fails, the engine processes it started are killed, and Serve starts
+    another (vLLM itself bounds no start: docs/GPU.md). Raise it for large models: 1800 in the 32B recipe."""
     engine_core_process: bool = False
     """Run vLLM's engine core in a process of its own on CPU too, as it always runs on GPU (the tests use
     it to run the GPU's engine shape; it costs ~25 s of start-up on CPU)."""

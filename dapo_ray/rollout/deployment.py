@@ -68,6 +68,7 @@ class RolloutServer:
             device=cfg.device,
             gpu_fraction=cfg.gpu_fraction,
             core_process=True if cfg.engine_core_process else None,  # None: the device's default
+            ready_timeout_s=cfg.engine_ready_timeout_s,
         )
         self.store_name = store_name
         self.partial_rollout = cfg.partial_rollout

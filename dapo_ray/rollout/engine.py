@@ -57,6 +57,7 @@ output token ids (only the text drops it), so it counts in |y| and the trainer t
 from __future__ import annotations
 
 import collections
+import multiprocessing
 import os
 import threading
 import time
@@ -67,6 +68,34 @@ from dapo_ray.rollout.stop_tokens import stop_token_ids
 from dapo_ray.weights import Superseded
 
 Device = Literal["cpu", "gpu"]
+
+
+class EngineStartTimeout(TimeoutError):
+    """The engine did not start within `rollout.engine_ready_timeout_s`."""
+
+
+def _kill_started(before: set[int]) -> int:
+    """SIGKILL to the processes vLLM started from this process since `before` (multiprocessing's children:
+    the engine core, CPU tensor-parallel workers) and to theirs; how many there were. Only multiprocessing's:
+    a Ray node this process started (a test's) starts workers of its own meanwhile."""
+    import psutil
+
+    procs = []
+    for child in multiprocessing.active_children():
+        if child.pid in before:
+            continue
+        try:
+            root = psutil.Process(child.pid)
+            procs += [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            pass
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+    return len(procs)
 
 
 class EngineDead(RuntimeError):
@@ -94,8 +123,9 @@ def engine_env(kv_cache_gib: int = 1, device: Device = "cpu", gpu_fraction: floa
                ready_timeout_s: int = 600) -> dict[str, str]:  # fmt: skip
     """Environment the engine needs before vllm is imported (the replica's runtime_env; `Engine` sets
     what is missing, and always the engine core's place). See "Where the engine runs" above.
-    `core_process`: the engine core in a process of its own; by default on GPU only. `ready_timeout_s`:
-    how long the replica waits for that process to start (`rollout.engine_ready_timeout_s`)."""
+    `core_process`: the engine core in a process of its own; by default on GPU only. `ready_timeout_s`
+    (`rollout.engine_ready_timeout_s`) goes to VLLM_ENGINE_READY_TIMEOUT_S, which bounds only vLLM's wait
+    for the core's hello once the core is built; `Engine` bounds the start itself."""
     core_process = device == "gpu" if core_process is None else core_process
     env = {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if core_process else "0"}
     # vLLM reads it when it is imported (`from vllm.envs import ...` in v1/engine/core_client.py).
@@ -166,9 +196,14 @@ class Engine:
         device: Device = "cpu",
         gpu_fraction: float = 1.0,
         core_process: bool | None = None,
+        ready_timeout_s: float | None = None,
     ):
         """`core_process`: run vLLM's engine core in a process of its own (by default on GPU only; on CPU
-        it costs ~25 s of start-up, and the tests use it to run the GPU's engine shape)."""
+        it costs ~25 s of start-up, and the tests use it to run the GPU's engine shape).
+        `ready_timeout_s` (`rollout.engine_ready_timeout_s`): the engine must have started within it, or
+        the processes it started are killed and `EngineStartTimeout` raised. vLLM bounds none of a start
+        itself: its client waits for the core's build with no deadline (docs/GPU.md), so a start that
+        hangs (a weight read, a GPU worker never placed, a collective) would hold the replica for ever."""
         env = engine_env(kv_cache_gib, device, gpu_fraction, tensor_parallel_size, core_process)
         for k, v in env.items():
             os.environ.setdefault(k, v)
@@ -191,10 +226,22 @@ class Engine:
                           enforce_eager=enforce_eager, tensor_parallel_size=tensor_parallel_size,
                           gpu_memory_utilization=gpu_memory_utilization, dtype=dtype)  # fmt: skip
         built: Future = Future()
+        before = {p.pid for p in multiprocessing.active_children()}
         self._thread = threading.Thread(target=self._serve, args=(args, built), name="vllm-engine", daemon=True)
         self._thread.start()
         try:
-            built.result()  # construction errors surface here
+            built.result(timeout=ready_timeout_s)  # construction errors surface here
+        except TimeoutError:
+            # The engine core (and its workers) are this process's children; killed, the build's wait for
+            # them fails and the engine thread ends. An engine built in this process cannot be stopped:
+            # the replica's constructor fails all the same, and Serve ends its process.
+            killed = _kill_started(before)
+            if killed:  # the build fails on its own then: let its thread end before this process goes on
+                self._thread.join(timeout=60)
+            self._restore_ray_address()
+            raise EngineStartTimeout(f"the vLLM engine of {model_path} did not start within rollout.engine_ready_timeout_s="
+                                     f"{ready_timeout_s:g} s ({killed} process(es) it had started killed); raise it "
+                                     f"for a large model on a fresh node") from None  # fmt: skip
         except BaseException:
             self._restore_ray_address()
             raise

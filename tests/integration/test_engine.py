@@ -291,3 +291,23 @@ def test_responses_stop_on_the_end_of_turn_token_and_include_it(engines, tmp_pat
           f"truncated {32 - sum(ends.values())}; without them {len(ran_past)}/32 ran past <|im_end|>")
     assert ran_past, "no plain response went past <|im_end|>"
     engines.close()
+
+
+def test_an_engine_that_does_not_start_in_time_fails_and_leaves_no_process(tiny_model_dir):
+    """`rollout.engine_ready_timeout_s` bounds an engine's start: vLLM's own client waits for the core's
+    build with no deadline. The engine core in a process of its own (as on GPU) takes ~25-40 s to start
+    here; with 2 s the start fails with a message naming the key, and the core process it had started is
+    gone."""
+    import multiprocessing
+    import time
+
+    from dapo_ray.rollout.engine import EngineStartTimeout
+
+    before = {p.pid for p in multiprocessing.active_children()}
+    t0 = time.time()
+    with pytest.raises(EngineStartTimeout, match="rollout.engine_ready_timeout_s=2 s"):
+        Engine(str(tiny_model_dir), max_model_len=MAX_MODEL_LEN, dtype="float32", enforce_eager=True,
+               core_process=True, ready_timeout_s=2)  # fmt: skip
+    assert time.time() - t0 < 30
+    left = [p for p in multiprocessing.active_children() if p.pid not in before]  # reaps the killed ones
+    assert not left, [(p.pid, p.name) for p in left]

@@ -63,8 +63,9 @@ def test_llm_kwargs_name_a_worker_extension_that_imports_without_vllm():
 
 
 def test_the_engine_core_waits_as_long_as_the_config_says():
-    """vLLM gives the engine core VLLM_ENGINE_READY_TIMEOUT_S to start (600 s unless set), read when vllm is
-    imported: the replica's environment carries `rollout.engine_ready_timeout_s`."""
+    """The replica's environment carries `rollout.engine_ready_timeout_s` as VLLM_ENGINE_READY_TIMEOUT_S (read
+    when vllm is imported), which bounds only vLLM's wait for the built core's hello; `Engine` bounds the
+    start itself (tests/integration/test_engine.py)."""
     assert engine_env(device="gpu")["VLLM_ENGINE_READY_TIMEOUT_S"] == "600"
     assert engine_env(device="gpu", ready_timeout_s=1800)["VLLM_ENGINE_READY_TIMEOUT_S"] == "1800"
     in_a_process = engine_env(device="cpu", core_process=True, ready_timeout_s=90)
