@@ -17,7 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from dapo_ray.rehearsal import groups, provider
+from dapo_ray.rehearsal.groups import ClusterDescription, autoscaler_config
+from dapo_ray.rehearsal.provider import HEAD_NODE_ID, kill_node, stop_node
 
 STARTED_MARK = "This command will now block forever"  # `ray start --block`, once the node runs
 START_TIMEOUT_S = 180
@@ -32,7 +33,7 @@ def _free_port() -> int:
 class Head:
     """`with Head(desc, workdir) as head:` starts the cluster, `head.address` is its GCS address."""
 
-    def __init__(self, desc: groups.ClusterDescription, workdir: Path, isolate: bool, lifetime_s: int,
+    def __init__(self, desc: ClusterDescription, workdir: Path, isolate: bool, lifetime_s: int,
                  object_store_bytes: int, dashboard: bool) -> None:  # fmt: skip
         self.desc, self.workdir, self.lifetime_s = desc, workdir, lifetime_s
         self.isolate, self.object_store_bytes, self.dashboard = isolate, object_store_bytes, dashboard
@@ -64,7 +65,7 @@ class Head:
             (self.workdir / stale).unlink(missing_ok=True)
         port = _free_port()
         self.address = f"{get_node_ip_address()}:{port}"
-        config = groups.autoscaler_config(self.desc, {
+        config = autoscaler_config(self.desc, {
             "type": "external", "module": "dapo_ray.rehearsal.provider.LocalNodeProvider",
             "gcs_address": self.address, "dir": str(self.workdir), "isolate": self.isolate,
             "lifetime_s": self.lifetime_s, "object_store_bytes": self.object_store_bytes})  # fmt: skip
@@ -86,7 +87,7 @@ class Head:
         ]
         self.dashboard_url = f"http://127.0.0.1:{dash}" if self.dashboard else ""
         env = dict(os.environ, RAY_enable_autoscaler_v2="1", AUTOSCALER_UPDATE_INTERVAL_S="1",
-                   RAY_OVERRIDE_NODE_ID_FOR_TESTING=provider.HEAD_NODE_ID, RAY_CLOUD_INSTANCE_ID=provider.HEAD_NODE_ID,
+                   RAY_OVERRIDE_NODE_ID_FOR_TESTING=HEAD_NODE_ID, RAY_CLOUD_INSTANCE_ID=HEAD_NODE_ID,
                    RAY_NODE_TYPE_NAME="ray.head.default",
                    # the monitor imports the provider from this checkout; the nodes it starts inherit it
                    PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[2]),
@@ -120,15 +121,15 @@ class Head:
     def lose(self, group: str) -> str | None:
         """Kill every process of one running node of `group` at once (a preempted pod); its node id."""
         for nid, node in sorted(self.nodes().items()):
-            if node["type"] == group and provider.kill_node(node["pid"]):
+            if node["type"] == group and kill_node(node["pid"]):
                 return nid
         return None
 
     def stop(self) -> None:
         """The head first (its autoscaler launches nothing more), then every worker node it launched."""
         if self.proc is not None:
-            provider.stop_node(self.proc.pid)
+            stop_node(self.proc.pid)
             self.proc.wait(timeout=30)
         for node in self.nodes().values():
-            provider.stop_node(node["pid"])
+            stop_node(node["pid"])
         shutil.rmtree(self.temp_dir, ignore_errors=True)
