@@ -2,6 +2,7 @@ import os
 from pathlib import Path
 
 import pytest
+from process_check import pytest_runtest_teardown, pytest_sessionfinish, pytest_sessionstart  # noqa: F401 - hooks
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_CFG = ROOT / "workflows" / "configs" / "tiny_cpu.yaml"
