@@ -107,11 +107,16 @@ def _run(cfg) -> dict:
             ray.shutdown()
 
 
+def _overrides(args: argparse.Namespace) -> list[str]:
+    """The command line's overrides, and `--verbose` as the key it sets."""
+    return list(args.overrides) + (["cluster.verbose=true"] if getattr(args, "verbose", False) else [])
+
+
 def _train(args: argparse.Namespace) -> int:
     from dapo_ray.driver import check_reward
     from dapo_ray.models import ensure_model
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, _overrides(args))
     check_reward(cfg)  # before the model is built: a broken reward function stops here
     ensure_model(cfg, only_if_missing=True)
     _run(cfg)
@@ -124,7 +129,7 @@ def _demo(args: argparse.Namespace) -> int:
     from dapo_ray.driver import check_reward, training_s
     from dapo_ray.models import ensure_model
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, _overrides(args))
     check_reward(cfg)
     ensure_model(cfg)
     summary = _run(cfg)
@@ -265,6 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
                              ("make-tiny-model", _make_model, "the same as make-model (older name)")):  # fmt: skip
         sp = sub.add_parser(name, help=text)
         with_config(sp)
+        if name in ("train", "demo"):
+            sp.add_argument("--verbose", action="store_true",
+                            help="show the libraries' own lines too (vLLM, DeepSpeed, Serve, the raylet, MLflow): "
+                                 "cluster.verbose=true")  # fmt: skip
         sp.set_defaults(func=func)
     rm = sub.add_parser("make-random-model",
                         help="write a randomly initialised model of a real model's shape (GPU smoke runs; no hub)")  # fmt: skip

@@ -472,6 +472,11 @@ class ClusterConfig:
     """Ray cluster to join; empty: RAY_ADDRESS if set, else start a local cluster."""
     num_cpus: int | None = None
     """Logical CPUs of a local cluster (give more than the cores, or Ray Data stalls on 2 cores)."""
+    verbose: bool = False
+    """Show the libraries' own chatter at the console (vLLM's start-up warnings, DeepSpeed's memory
+    reports, Serve's and the raylet's warnings, MLflow's info lines); `--verbose` sets it. Off: dapo-ray's
+    lines, the step lines and errors. Every process's full log is in Ray's session directory either way
+    (the run says where)."""
 
 
 @dataclass(frozen=True)

@@ -149,6 +149,9 @@ class Tracker:
 
         import mlflow
 
+        from dapo_ray.progress import quiet_libraries
+
+        quiet_libraries()  # MLflow sets its own loggers' level when it is imported
         self.mlflow = mlflow
         mlflow.set_tracking_uri(tracking_uri)
         if mlflow.get_experiment_by_name(experiment) is None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from dapo_ray import algo
+from dapo_ray.progress import quiet_libraries
 from dapo_ray.tasks import RewardSpec, judge_group, keep, reward_spec
 
 
@@ -53,6 +54,7 @@ def generate_batch(batch: pa.Table, app_name: str, spec: SamplingSpec) -> pa.Tab
     from ray import serve
 
     if app_name not in _handles:
+        quiet_libraries()  # this worker's Serve router warns each time a busy replica answers late
         _handles[app_name] = serve.get_deployment_handle("rollout", app_name=app_name)
     rows = batch.to_pylist()
     seeds = None if spec.seed is None else [prompt_seed(spec.seed, r["draw"]) for r in rows]

@@ -4,12 +4,62 @@ step lines, which carry the ETA, are the whole record."""
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import time
 from collections import deque
 
 _on_screen: StatusLine | None = None  # the live status line, cleared around each printed line
+
+
+QUIET_ENV = "DAPO_QUIET"
+"""Set to 1 in every process of a run whose console is quiet (`cluster.verbose` off): `quiet_libraries`."""
+QUIET_LOGGERS = {"DeepSpeed": "WARNING", "ray.serve": "ERROR", "mlflow": "WARNING", "ray.data": "ERROR",
+                 "ray.train": "WARNING"}
+"""The libraries' loggers and the least level they show at a quiet console: DeepSpeed's memory reports
+(INFO), Serve's "Failed to get queue length from Replica ... within 0.1s" (a WARNING each time a busy
+replica answers late), MLflow's system-metrics lines (INFO), Ray Data's start-up lines."""
+
+
+def quiet_libraries() -> None:
+    """In a process of a run whose console is quiet (QUIET_ENV), keep the libraries' chatter out of it: it
+    still reaches the process's own log in Ray's session directory. Called where each kind of process
+    starts (the driver, a trainer worker, a rollout replica, a Ray Data task holding a Serve handle)."""
+    import logging
+    import os
+    import warnings
+
+    if os.environ.get(QUIET_ENV) != "1":
+        return
+    for name, level in QUIET_LOGGERS.items():
+        logging.getLogger(name).setLevel(level)
+    os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars of weight loads, shard writes, artifact downloads
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    for category in (FutureWarning, DeprecationWarning):  # the libraries' own (torch.distributed.reduce_op, ...)
+        warnings.filterwarnings("ignore", category=category)
+
+
+OWN_PREFIXES = ("[dapo-ray", "[rollout", "[engine]", "[trainer", "[reward", "[tiny-model]", "[smollm2", "[check]",
+                "[prepare", "[eval")
+"""How dapo-ray's own lines begin, in every process of a run."""
+TROUBLE = re.compile(r"Traceback|\w+Error\b|Exception\b|OutOfMemory|out of memory|low on memory|\b[Kk]illed\b|\bdied\b")
+"""A line of a process's output that says something went wrong."""
+
+
+def shown_at_a_quiet_console(lines: list[str]) -> list[str]:
+    """What a quiet console prints of a batch of a worker's output lines: all of them when one says something
+    went wrong (a traceback stays whole), else dapo-ray's own lines only; the rest stays in the process's log.
+
+    >>> shown_at_a_quiet_console(["Triton is installed, but doesn't include CPU backend.", "[engine] ready"])
+    ['[engine] ready']
+    >>> len(shown_at_a_quiet_console(["Traceback (most recent call last):", '  File "x.py"', "ValueError: no"]))
+    3
+    """
+    if any(TROUBLE.search(line) for line in lines):
+        return list(lines)
+    return [line for line in lines if line.lstrip().startswith(OWN_PREFIXES)]
 
 
 def log(msg: str) -> None:

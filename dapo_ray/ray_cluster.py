@@ -9,7 +9,7 @@ from pathlib import Path
 
 from dapo_ray import storage
 from dapo_ray.config import Config
-from dapo_ray.progress import log
+from dapo_ray.progress import QUIET_ENV, log, quiet_libraries, shown_at_a_quiet_console
 
 
 def init_ray(cfg: Config) -> None:
@@ -26,19 +26,73 @@ def init_ray(cfg: Config) -> None:
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     if ray.is_initialized():
         return
+    outer = set(os.environ)  # what this process was given (under `ray job submit`: the job's runtime_env too)
     env = {"DS_ACCELERATOR": os.environ.get("DS_ACCELERATOR", "cpu" if not cfg.trainer.use_gpu else "cuda"),
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    quiet = {}
+    if not cfg.cluster.verbose:
+        quiet_console()
+        env |= {QUIET_ENV: "1", "TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+        quiet = {"logging_level": logging.WARNING}  # Ray's own INFO lines ("Started a local Ray instance")
     if "TORCH_EXTENSIONS_DIR" in os.environ:
         env["TORCH_EXTENSIONS_DIR"] = os.environ["TORCH_EXTENSIONS_DIR"]
     address = cfg.cluster.address or os.environ.get("RAY_ADDRESS") or None
     if address:
         # Under `ray job submit` the job's runtime_env already reaches every worker, and Ray refuses a
         # driver runtime_env that repeats one of its variables: add only what is not set here yet.
-        env = {k: v for k, v in env.items() if k not in os.environ}
-        ctx = ray.init(address=address, runtime_env={"env_vars": env} if env else None)
+        env = {k: v for k, v in env.items() if k not in outer}
+        ctx = ray.init(address=address, runtime_env={"env_vars": env} if env else None, **quiet)
     else:
-        ctx = start_local_ray(num_cpus=cfg.cluster.num_cpus, runtime_env={"env_vars": env})  # always our own
+        ctx = start_local_ray(num_cpus=cfg.cluster.num_cpus, runtime_env={"env_vars": env}, **quiet)  # always our own
+    if not cfg.cluster.verbose:
+        filter_worker_output()
     log(dashboard_line(ctx.dashboard_url))
+    if not cfg.cluster.verbose:
+        log(f"quiet console: the libraries' own lines go to the logs of each process, under "
+            f"{_logs_dir()} on each node (--verbose, or cluster.verbose=true, shows them here)")  # fmt: skip
+
+
+def quiet_console() -> None:
+    """This driver's part of a quiet console: the libraries' loggers (`progress.quiet_libraries`) and the
+    raylet's warning events ("N PYTHON worker processes have been started ..."), which Ray prints at the
+    driver at RAY_LOG_TO_DRIVER_EVENT_LEVEL (read at call time): errors only, unless the user set it."""
+    from ray._private import ray_constants
+
+    os.environ[QUIET_ENV] = "1"  # this process's own, and what deploy_rollout hands the replicas
+    quiet_libraries()
+    if "RAY_LOG_TO_DRIVER_EVENT_LEVEL" not in os.environ:
+        ray_constants.RAY_LOG_TO_DRIVER_EVENT_LEVEL = "ERROR"
+
+
+def filter_worker_output() -> None:
+    """Print what the run's processes write at this console through `progress.shown_at_a_quiet_console`:
+    dapo-ray's own lines and anything that says something went wrong. The rest (vLLM's and DeepSpeed's
+    start-up lines, Ray Train's and the raylet's notices, progress bars) stays in each process's log."""
+    from ray._private import worker as ray_worker
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher
+
+    original = getattr(ray_worker.print_to_stdstream, "unfiltered", ray_worker.print_to_stdstream)
+
+    def print_shown(data: dict, ignore_prefix: bool = False) -> None:
+        lines = shown_at_a_quiet_console(data.get("lines") or [])
+        if lines:
+            original({**data, "lines": lines}, ignore_prefix=ignore_prefix)
+
+    print_shown.unfiltered = original
+    global_worker_stdstream_dispatcher.remove_handler("ray_print_logs")  # the processes' output
+    global_worker_stdstream_dispatcher.add_handler("ray_print_logs", print_shown)
+    # The raylet's messages to the driver ("N PYTHON worker processes have been started", a task killed for
+    # memory) go through this function at call time (`listen_error_messages`)
+    ray_worker.print_to_stdstream = print_shown
+
+
+def _logs_dir() -> str:
+    import ray
+
+    try:
+        return f"{ray._private.worker._global_node.get_session_dir_path()}/logs"
+    except AttributeError:  # not this process's node (a client connection)
+        return "Ray's session directory (/tmp/ray/session_latest/logs)"
 
 
 def start_local_ray(**kwargs):

@@ -34,6 +34,7 @@ from dapo_ray.pipeline import (
     replica_lost_errors,
     score_group,
 )
+from dapo_ray.progress import quiet_libraries
 
 
 class Stream:
@@ -133,6 +134,7 @@ class Stream:
         from ray import serve
 
         if self._handle is None:
+            quiet_libraries()
             self._handle = serve.get_deployment_handle("rollout", app_name=self.app_name)
         s = self.sampling
         seeds = None if s.seed is None else [prompt_seed(s.seed, row["draw"])]

@@ -33,6 +33,7 @@ from ray import serve
 
 from dapo_ray.config import RolloutConfig
 from dapo_ray.placement import replica_options
+from dapo_ray.progress import QUIET_ENV, quiet_libraries
 from dapo_ray.ray_metrics import ReplicaMetrics
 from dapo_ray.rollout.engine import Completion, Engine, EngineDead, engine_env
 from dapo_ray.weights import AHEAD, Superseded, get_store
@@ -56,6 +57,7 @@ class RolloutServer:
     async def __init__(self, rollout: dict, max_model_len: int, store_name: str, seed: int, run: str,
                        export_metrics: bool) -> None:  # fmt: skip
         cfg = RolloutConfig(**rollout)
+        quiet_libraries()
         self.engine = Engine(
             cfg.model_path,
             max_model_len=max_model_len,
@@ -224,8 +226,12 @@ def deploy_rollout(cfg: RolloutConfig, max_model_len: int, store_name: str, seed
     options = replica_options(cfg)
     env = engine_env(cfg.cpu_kvcache_space_gib, cfg.device, cfg.gpu_fraction, cfg.tensor_parallel_size,
                      True if cfg.engine_core_process else None, cfg.engine_ready_timeout_s)  # fmt: skip
+    if os.environ.get(QUIET_ENV) == "1":  # a quiet console (`cluster.verbose` off): vLLM's warnings to the log
+        env |= {QUIET_ENV: "1", "VLLM_LOGGING_LEVEL": "ERROR",
+                "PYTHONWARNINGS": "ignore::FutureWarning,ignore::DeprecationWarning"}  # fmt: skip
     options["ray_actor_options"]["runtime_env"] = {"env_vars": env}
     # Requests come through deployment handles (Ray Data, the driver), so no HTTP proxy is needed.
+    quiet_libraries()  # Serve sets its loggers' level on import
     serve.start(proxy_location="Disabled", logging_config={"log_level": "WARNING"})
     app = RolloutServer.options(**options, **scaling).bind(
         dataclasses.asdict(cfg), max_model_len, store_name, seed, run, export_metrics

@@ -25,6 +25,7 @@ import torch
 
 from dapo_ray.algo import POLICY_LOSSES, behaviour_logprobs, rollout_is_weights
 from dapo_ray.config import Config
+from dapo_ray.progress import quiet_libraries
 from dapo_ray.ray_metrics import TrainerMetrics, run_name
 from dapo_ray.trainer import collective
 from dapo_ray.trainer.batch import Micro, pad_micro
@@ -499,6 +500,7 @@ def train_loop(params: dict) -> None:
     import ray.train
 
     _quiet_ray_train_reports()
+    quiet_libraries()  # DeepSpeed's memory reports, at a quiet console
     cfg: Config = params["config"]
     t = cfg.trainer
     ctx = ray.train.get_context()

@@ -29,8 +29,8 @@ def test_rollout_nodes_follow_serve_and_lost_nodes_are_replaced(tiny_model_dir):
     cmd = [str(Path(sys.executable).with_name("dapo-ray")), "rehearse", "--cluster", "cluster/kuberay/raycluster.yaml",
            "--config", "workflows/configs/tiny_cpu.yaml", "--steps", "6", "--lose", "rollout@2", "--lose", "trainer@4",
            "--out-dir", str(out), f"rollout.model_path={tiny_model_dir}",
-           # gently, as the other multinode runs: this test is about placement, not learning
-           "trainer.lr=1e-4"]  # fmt: skip
+           # gently, as the other multinode runs: this test is about placement, not learning; small evaluations
+           "trainer.lr=1e-4", "eval.n=2", "data.synthetic.num_eval=8"]  # fmt: skip
     try:
         done = subprocess.run(
             cmd, cwd=ROOT, env=_node_env(), capture_output=True, text=True, timeout=TIMEOUT_S

@@ -97,3 +97,49 @@ def test_the_dashboard_line_says_how_to_sign_in_when_token_authentication_is_on(
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     assert dashboard_line("http://10.0.0.1:8265") == "Ray dashboard: http://10.0.0.1:8265"
     assert "not running" in dashboard_line(None)
+
+
+def test_a_quiet_console_keeps_the_libraries_chatter_in_their_logs(monkeypatch):
+    """`cluster.verbose` off: each process of the run (QUIET_ENV set) turns the libraries' loggers down to
+    their warnings or errors (DeepSpeed's memory reports and MLflow's lines are INFO, Serve's late-replica
+    queue-length warnings go), while dapo-ray's own lines are untouched; without it nothing changes."""
+    import warnings
+
+    from dapo_ray.progress import QUIET_ENV, QUIET_LOGGERS, quiet_libraries
+
+    for name in QUIET_LOGGERS:
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.NOTSET)
+    monkeypatch.delenv(QUIET_ENV, raising=False)
+    quiet_libraries()
+    assert all(logging.getLogger(n).level == logging.NOTSET for n in QUIET_LOGGERS)
+    monkeypatch.setenv(QUIET_ENV, "1")
+    with warnings.catch_warnings():
+        quiet_libraries()
+        assert not logging.getLogger("DeepSpeed").isEnabledFor(logging.INFO)
+        assert not logging.getLogger("ray.serve").isEnabledFor(logging.WARNING)
+        assert logging.getLogger("ray.serve").isEnabledFor(logging.ERROR)
+        assert not logging.getLogger("mlflow").isEnabledFor(logging.INFO)
+
+
+def test_replicas_of_a_quiet_run_keep_vllms_warnings_in_their_logs(monkeypatch):
+    """The replicas' environment: vLLM's logging at ERROR and Python's deprecation warnings off when the run's
+    console is quiet; vLLM's WARNING level otherwise (stand-ins for Serve: nothing starts)."""
+    from types import SimpleNamespace
+
+    from dapo_ray.config import load_config
+    from dapo_ray.progress import QUIET_ENV
+    from dapo_ray.rollout import deployment
+
+    cfg = load_config("workflows/configs/tiny_cpu.yaml")
+    seen = []
+    server = SimpleNamespace(options=lambda **kw: seen.append(kw) or SimpleNamespace(bind=lambda *a: None))
+    monkeypatch.setattr(deployment, "RolloutServer", server)
+    monkeypatch.setattr(deployment.serve, "start", lambda **kw: None)
+    monkeypatch.setattr(deployment.serve, "run", lambda app, **kw: None)
+    monkeypatch.delenv(QUIET_ENV, raising=False)
+    deployment.deploy_rollout(cfg.rollout, cfg.max_model_len, "store", seed=0)
+    monkeypatch.setenv(QUIET_ENV, "1")
+    deployment.deploy_rollout(cfg.rollout, cfg.max_model_len, "store", seed=0)
+    loud, quiet = (s["ray_actor_options"]["runtime_env"]["env_vars"] for s in seen)
+    assert loud["VLLM_LOGGING_LEVEL"] == "WARNING" and QUIET_ENV not in loud
+    assert quiet["VLLM_LOGGING_LEVEL"] == "ERROR" and quiet[QUIET_ENV] == "1" and "FutureWarning" in quiet["PYTHONWARNINGS"]
