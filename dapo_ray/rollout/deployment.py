@@ -227,7 +227,7 @@ def deploy_rollout(cfg: RolloutConfig, max_model_len: int, store_name: str, seed
     env = engine_env(cfg.cpu_kvcache_space_gib, cfg.device, cfg.gpu_fraction, cfg.tensor_parallel_size,
                      True if cfg.engine_core_process else None, cfg.engine_ready_timeout_s)  # fmt: skip
     if os.environ.get(QUIET_ENV) == "1":  # a quiet console (`cluster.verbose` off): vLLM's warnings to the log
-        env |= {QUIET_ENV: "1", "VLLM_LOGGING_LEVEL": "ERROR",
+        env |= {QUIET_ENV: "1", "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
                 "PYTHONWARNINGS": "ignore::FutureWarning,ignore::DeprecationWarning"}  # fmt: skip
     options["ray_actor_options"]["runtime_env"] = {"env_vars": env}
     # Requests come through deployment handles (Ray Data, the driver), so no HTTP proxy is needed.
