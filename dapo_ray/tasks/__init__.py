@@ -104,9 +104,17 @@ def user_scorer(fn):
     key = json.dumps([os.getcwd(), fn.spec, fn.kwargs, fn.convention, fn.timeout_s, fn.on_error, fn.states_reference,
                       fn.trl_completions], sort_keys=True, default=str)  # fmt: skip
     if key not in _scorers:
+        if not _scorers:
+            atexit.register(close_user_scorers)  # their helpers and pipes go with the process
         _scorers[key] = UserScorer(fn)
-        atexit.register(_scorers[key].close)  # its helper and pipes go with the process
     return _scorers[key]
+
+
+def close_user_scorers() -> None:
+    """Stop this process's reward-function helpers (at exit; a test suite's end, before it checks that
+    nothing it started is still running)."""
+    while _scorers:
+        _scorers.popitem()[1].close()
 
 
 def judge_group(row: dict, spec: RewardSpec) -> dict:

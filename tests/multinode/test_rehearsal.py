@@ -13,16 +13,28 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import _node_env, namespace_unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _multinode_conftest():
+    """This tier's conftest.py by its path: under the name `conftest` Python finds whichever tier's conftest
+    pytest imported last."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("multinode_conftest", Path(__file__).with_name("conftest.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while it runs
+    spec.loader.exec_module(module)
+    return module
 TIMEOUT_S = 900
 
 pytestmark = pytest.mark.integration
 
 
 def test_rollout_nodes_follow_serve_and_lost_nodes_are_replaced(tiny_model_dir):
-    reason = namespace_unavailable_reason()
+    helpers = _multinode_conftest()
+    reason = helpers.namespace_unavailable_reason()
     if reason:
         pytest.skip(reason)
     out = ROOT / ".cache" / "multinode-runs" / f"rehearsal-{uuid.uuid4().hex[:8]}"
@@ -33,7 +45,7 @@ def test_rollout_nodes_follow_serve_and_lost_nodes_are_replaced(tiny_model_dir):
            "trainer.lr=1e-4", "eval.n=2", "data.synthetic.num_eval=8"]  # fmt: skip
     try:
         done = subprocess.run(
-            cmd, cwd=ROOT, env=_node_env(), capture_output=True, text=True, timeout=TIMEOUT_S
+            cmd, cwd=ROOT, env=helpers._node_env(), capture_output=True, text=True, timeout=TIMEOUT_S
         )
         tail = (done.stdout + done.stderr)[-8000:]
         assert (out / "timeline.json").exists(), f"exit {done.returncode}, no timeline:\n{tail}"
