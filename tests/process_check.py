@@ -89,8 +89,11 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         return
     import sys
 
-    if "dapo_ray.tasks" in sys.modules:  # what this process would stop at its exit: its reward-function helpers
+    # What this process would stop at its exit: its reward-function helpers, its Math-Verify helper.
+    if "dapo_ray.tasks" in sys.modules:
         sys.modules["dapo_ray.tasks"].close_user_scorers()
+    if "dapo_ray.algo.reward" in sys.modules:
+        sys.modules["dapo_ray.algo.reward"].close_helper()
     left = _record.survivors()
     if not left:
         return

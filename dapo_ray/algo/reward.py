@@ -374,6 +374,19 @@ def _start_helper() -> subprocess.Popen | None:
     return None
 
 
+def close_helper() -> None:
+    """Stop this process's Math-Verify helper, if one runs (it ends by itself when this process exits and
+    its pipe closes; a test suite stops it before checking that nothing it started is still running)."""
+    global _helper
+    with _helper_lock:
+        if _helper is not None:
+            _helper.kill()
+            _helper.wait()
+            for pipe in (_helper.stdin, _helper.stdout):
+                pipe.close()
+            _helper = None
+
+
 def _verdict_from_helper(tail: str, ground_truth: str) -> Score:
     """`_bounded_verdict` in the helper. Concurrent callers take turns; the deadline starts at a turn."""
     global _helper
