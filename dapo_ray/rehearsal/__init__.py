@@ -123,7 +123,7 @@ def add_parser(sub) -> None:
     p.add_argument(
         "--no-isolation",
         action="store_true",
-        help="nodes share /tmp and /dev/shm (where mount namespaces need root and there is none)",
+        help="nodes share /tmp and /dev/shm (where mount namespaces need root and there is none)",  # checked: help text
     )
     p.set_defaults(func=main)
 
@@ -183,8 +183,8 @@ def main(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out-dir {out_dir} is under {provider.PRIVATE_MOUNTS}, which every node has a private "
                           "copy of: the run's checkpoints there would not reach the trainer nodes (choose a "
                           "directory elsewhere, as a cluster's shared storage)")  # fmt: skip
-    log("nodes in mount namespaces of their own (private /tmp, /dev/shm)" if isolate else
-        "nodes share /tmp and /dev/shm (no mount namespaces here: run as root, or pass --no-isolation to say so)")  # fmt: skip
+    log("nodes in mount namespaces of their own (private /tmp, /dev/shm)" if isolate else  # checked: log text
+        "nodes share /tmp and /dev/shm (no mount namespaces here: run as root, or pass --no-isolation to say so)")  # checked: log text
     check_reward(cfg)
     ensure_model(cfg, only_if_missing=True)
     if (out_dir / "run").exists():  # a rehearsal starts from step 0, never resumes an earlier one

@@ -1,7 +1,7 @@
 """The rehearsal's Ray cluster: a head node (no CPUs for work, as the manifests' heads) that runs Ray's
 autoscaler v2 over `provider.LocalNodeProvider`, and the worker nodes the autoscaler launches. Every
 process it starts is bounded by `timeout` and stopped by its own pid: nothing else on the machine is
-touched (`ray stop` would end every Ray of the user)."""
+touched (stopping Ray by its name would end every Ray of the user)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class Head:
         self.desc, self.workdir, self.lifetime_s = desc, workdir, lifetime_s
         self.isolate, self.object_store_bytes, self.dashboard = isolate, object_store_bytes, dashboard
         # Short, under /tmp: Ray's unix sockets live in the temp dir (a path length limit of 107 bytes).
-        self.temp_dir = Path(tempfile.mkdtemp(prefix="ray-rh-", dir="/tmp"))
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="ray-rh-", dir="/tmp"))  # checked: the head's own, on this machine; no actor reads it
         self.proc: subprocess.Popen | None = None
         self.address = ""
         self.dashboard_url = ""

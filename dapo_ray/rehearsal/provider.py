@@ -1,6 +1,6 @@
 """The node provider of a rehearsal: Ray's autoscaler (v2, in the head's monitor process) asks it for
 nodes of a type, and it starts each as a `ray start --block` process of this machine, in a mount
-namespace of its own with private /tmp and /dev/shm where the machine allows it (so no file path or
+namespace of its own with private tmpfs mounts (`PRIVATE_MOUNTS`) where the machine allows it (so no file path or
 shared-memory segment passes between nodes, as on a real cluster).
 
 Ray's own FakeMultiNodeProvider starts its nodes inside the monitor process, where nothing outside can

@@ -191,9 +191,9 @@ class _CorrectionTotals:
 
     def reduced(self, device) -> _CorrectionTotals:
         """Over all ranks: two all-reduces (a sum, then a maximum), which every rank must make."""
-        sums_N = torch.tensor([self.tokens, *(self.sums[k] for k in IS_KEYS)], dtype=torch.float64)
+        sums_N = torch.tensor([self.tokens, *(self.sums[k] for k in IS_KEYS)], dtype=torch.float64)  # checked: collective.all_reduce copies it to the engine's device first
         summed = collective.all_reduce(sums_N, device)
-        peak = collective.all_reduce(torch.tensor([self.max_weight], dtype=torch.float64), device, op="max")
+        peak = collective.all_reduce(torch.tensor([self.max_weight], dtype=torch.float64), device, op="max")  # checked: collective.all_reduce copies it to the engine's device first
         tokens, *sums = summed.tolist()
         return _CorrectionTotals(tokens, dict(zip(IS_KEYS, sums, strict=True)), peak.item())
 
