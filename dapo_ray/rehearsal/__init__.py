@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 from dapo_ray.config import Config, ConfigError, load_config
@@ -198,10 +199,7 @@ def main(args: argparse.Namespace) -> int:
             f"head node up at {cluster.address}"
             + (f", dashboard {cluster.dashboard_url}" if args.dashboard else "")
         )
-        cfg = load_config(
-            args.config,
-            [o for o, _ in changes] + list(args.overrides) + [f"cluster.address={cluster.address}"],
-        )
+        cfg = replace(cfg, cluster=replace(cfg.cluster, address=cluster.address))
         init_ray(cfg)  # joined before anything here calls Ray
         watcher = timeline.Watcher(cluster, [g.name for g in small.groups], store, losses)
         watcher.start()

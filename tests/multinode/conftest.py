@@ -37,12 +37,12 @@ from typing import Any
 import psutil
 import pytest
 
+# UNSHARE: the prefix that runs a command in a new mount namespace with fresh, empty tmpfs on PRIVATE_MOUNTS,
+# as `dapo-ray rehearse` starts its nodes.
+from dapo_ray.rehearsal.provider import PRIVATE_MOUNTS, UNSHARE
+
 ROOT = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).with_name("ray"))
-PRIVATE_MOUNTS = ("/tmp", "/dev/shm")
-# Prefix of a command to run it in a new mount namespace with fresh, empty tmpfs on PRIVATE_MOUNTS.
-MOUNT_AND_EXEC = " && ".join(f"mount -t tmpfs tmpfs {m}" for m in PRIVATE_MOUNTS) + ' && exec "$@"'
-UNSHARE = ["unshare", "--mount", "--propagation", "private", "sh", "-c", MOUNT_AND_EXEC, "sh"]
 NODE_MAX_LIFETIME_S = 3600  # `timeout` ends a node after this, should the test session die without teardown
 START_TIMEOUT_S = 180
 # `ray start` gives up when its raylet has not registered within a fixed 30 s, which a loaded 2-core
