@@ -137,6 +137,7 @@ def test_replicas_of_a_quiet_run_keep_vllms_warnings_in_their_logs(monkeypatch):
     monkeypatch.setattr(deployment.serve, "start", lambda **kw: None)
     monkeypatch.setattr(deployment.serve, "run", lambda app, **kw: None)
     monkeypatch.delenv(QUIET_ENV, raising=False)
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)  # an in-process Engine of an earlier test sets it
     deployment.deploy_rollout(cfg.rollout, cfg.max_model_len, "store", seed=0)
     monkeypatch.setenv(QUIET_ENV, "1")
     deployment.deploy_rollout(cfg.rollout, cfg.max_model_len, "store", seed=0)
