@@ -7,6 +7,7 @@ import sys
 import time
 
 from dapo_ray.config import DEFAULT_CONFIG, ConfigError, load_config
+from dapo_ray.memory import OutOfMemory
 from dapo_ray.tasks.user import RewardFunctionError
 
 
@@ -352,6 +353,9 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as e:  # a prompt file or model directory that is not there
         print(f"dapo-ray: error: {e}", file=sys.stderr)
         return 1
+    except OutOfMemory as e:  # a process of the run stopped for want of memory (dapo_ray/memory.py)
+        print(e, file=sys.stderr)
+        return 3
     except KeyboardInterrupt as e:  # a second Ctrl-C or SIGTERM (dapo_ray/stopping.py)
         print(f"dapo-ray: stopped at once ({e or 'interrupted'}); running the same command again resumes from "
               f"the last checkpoint", file=sys.stderr)  # fmt: skip

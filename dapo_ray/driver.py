@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
 import random
 import statistics
@@ -18,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dapo_ray import storage
+from dapo_ray import memory, storage
 from dapo_ray.algo import BatchFiller
 from dapo_ray.config import Config, check_model_fits
 from dapo_ray.data import load_prompts, tokenize_prompts
@@ -221,7 +222,7 @@ class Stack:
     """The running system: vLLM replicas on Serve, TorchTrainer workers in the background, and the
     weight store and channel that join them. `close()` shuts down what it started."""
 
-    def __init__(self, cfg: Config, probe_ids: list[int]):
+    def __init__(self, cfg: Config, probe_ids: list[int], peaks: memory.Peaks):
         import ray
         from ray.train import ScalingConfig
         from ray.train.torch import TorchTrainer
@@ -236,6 +237,8 @@ class Stack:
         name = storage.name(output)
         self.app = APP_NAME
         self.num_workers = t.num_workers
+        self.peaks = peaks  # the most each kind of process held, as the steps' results and the replicas say
+        self.checkpoint_step: int | None = None  # the newest checkpoint heard of (a resume's start)
         self.store = create_store(f"weights-{name}", cfg.weight_sync.keep_versions)
         self.sync_timeout_s = cfg.weight_sync.timeout_s
         self.channel = Channel.options(name=f"channel-{name}", namespace=NAMESPACE, **on_this_node()).remote(t.num_workers)
@@ -267,6 +270,10 @@ class Stack:
                 if res["kind"] not in (kind, "ready"):
                     raise RuntimeError(f"expected a {kind!r} message from the trainer, got {res['kind']!r}")
                 self.generation += res["kind"] == "ready"
+                if res["kind"] in ("ready", "saved"):
+                    self.checkpoint_step = res["step"]
+                if res["kind"] == "ready":
+                    self.peaks.load_state_dict((res["driver_state"] or {}).get("memory"))
                 return res
             if not self.fit_thread.is_alive():
                 raise RuntimeError(f"the trainer stopped: {self.fit_error[0] if self.fit_error else 'no error given'}")
@@ -274,7 +281,13 @@ class Stack:
     def train(self, shards: list, save_state: dict | None) -> dict:
         """The step's statistics, or "ready" if the workers restarted meanwhile."""
         self._put([{"minis": s, "save": save_state} for s in shards])
-        return self.next_result("step")
+        res = self.next_result("step")
+        if res["kind"] == "step":
+            self.checkpoint_step = res["step"] if save_state is not None else self.checkpoint_step
+            self.peaks.record("trainer worker", res.get("memory/trainer_peak_gib"))
+            self.peaks.record("rollout replica", self._ray.get(self.store.peak_gib.remote()))
+            self.peaks.record("driver", memory.peak_rss_gib())
+        return res
 
     def save(self, save_state: dict) -> dict:
         """A checkpoint of the current weights and `save_state`, without training ("saved", or "ready" if
@@ -318,13 +331,15 @@ class Stack:
         self._put([STOP] * self.num_workers)
         self.fit_thread.join(timeout=timeout_s)
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Delete the rollout application (waiting for its replicas to go, unless not `wait`: a run out of
+        memory does not wait on a Serve that its kills may have left restarting) and the run's actors."""
         from ray import serve
 
         if not self._ray.is_initialized():  # serve.delete would start a new local cluster
             return
         try:
-            serve.delete(self.app)
+            serve.delete(self.app, _blocking=wait)
         finally:
             for actor in (self.channel, self.store):
                 self._ray.kill(actor)
@@ -350,15 +365,64 @@ def run(cfg: Config, reward_checked: bool = False) -> dict:
     filler: BatchFiller[dict] = BatchFiller(t.train_batch_size, a.max_gen_rounds, a.on_cap, a.carry_over,
                                             enabled=a.dynamic_sampling, max_lag=a.max_policy_lag)  # fmt: skip
     probe_ids = train_rows[0]["prompt_ids"] + tokenizer.encode("Answer: 0", add_special_tokens=False)
+    peaks = memory.Peaks({"driver": 1, "rollout replica": r.max_replicas, "trainer worker": t.num_workers})
+    if (measured := _local_dir(cfg) / memory.PEAKS_FILE).is_file():  # an earlier run of this output_dir's
+        peaks.load_state_dict(json.loads(measured.read_text()))
+    stack: Stack | None = None
+    found: list[memory.Kill] = []
     with StopRequest(log) as stop:
-        stack = Stack(cfg, probe_ids)
+        watch = _watch_memory(stop)
         try:
+            stack = Stack(cfg, probe_ids, peaks)
             return _loop(cfg, stack, cursor, filler, eval_rows, probe_ids, t_start, stop)
-        except BaseException:
+        except BaseException as e:
             end_failed_run()
+            if found := watch.kills():  # or the watch's own stop: a Ray call raises a KeyboardInterrupt for it
+                raise _out_of_memory(cfg, found, peaks, stack, e) from e
             raise
         finally:
-            stack.close()
+            watch.close()
+            if stack is not None:
+                stack.close(wait=not found)
+
+
+def _watch_memory(stop: StopRequest) -> memory.Watch:
+    """Watch for a process of the run stopped for want of memory (`dapo_ray.memory`), and stop the run at
+    once at the first: its process would come back into the same shortage."""
+    import ray
+
+    from dapo_ray.rollout.deployment import APP_NAME
+
+    def killed(kills: list[memory.Kill]) -> None:
+        log(f"out of memory: {kills[0].by} stopped {kills[0].process} (pid {kills[0].pid}) on {kills[0].node}; "
+            "stopping the run")  # fmt: skip
+        stop.stop_now(memory.OutOfMemory(kills))
+
+    return memory.Watch(killed, ray.get_runtime_context().get_job_id(), APP_NAME)
+
+
+def _out_of_memory(cfg: Config, kills: list[memory.Kill], peaks: memory.Peaks, stack: Stack | None,
+                   error: BaseException) -> memory.OutOfMemory:  # fmt: skip
+    """The run's end when a process of it was stopped for want of memory: the error in full goes to
+    error.log beside the run (`_local_dir`), the console gets `memory.message`."""
+    import traceback
+
+    path = _local_dir(cfg) / "error.log"
+    path.write_text("".join(traceback.format_exception(error)))
+    step = stack.checkpoint_step if stack is not None and stack.checkpoint_step is not None else _saved_step(cfg)
+    lines = memory.message(kills[0], len(kills) - 1, peaks, step, resume_command(), str(path))
+    return memory.OutOfMemory(kills, "\n".join(lines))
+
+
+def _saved_step(cfg: Config) -> int | None:
+    """The step of the newest checkpoint in trainer.output_dir, 0 when it holds none; None when it is object
+    storage (not looked up)."""
+    from dapo_ray.trainer.restore import DRIVER_STATE
+
+    if storage.is_uri(cfg.trainer.output_dir):
+        return None
+    saved = sorted(Path(cfg.trainer.output_dir).glob(f"ray_train/*/checkpoint_*/{DRIVER_STATE}"))
+    return json.loads(saved[-1].read_text())["step"] if saved else 0
 
 
 def check_reward(cfg: Config) -> None:
@@ -455,6 +519,8 @@ def _loop(cfg: Config, stack: Stack, cursor: PromptCursor, filler: BatchFiller, 
             timing = {"timing/generate_s": b.generate_s, "timing/wait_batch_s": b.waited_s + clock.idle_s, "timing/shard_s": t2 - t1,
                       "timing/train_s": t3 - t2, "timing/sync_s": t4 - t3}  # fmt: skip
             sync = {"weight_sync/wait_s": t4 - t3, "weight_sync/load_s": stack.load_s(),
+                    "memory/driver_peak_gib": stack.peaks.gib.get("driver", 0.0),
+                    "memory/replica_peak_gib": stack.peaks.gib.get("rollout replica", 0.0),
                     "weight_sync/replicas": len(versions)}  # fmt: skip
             metrics = run.stepped(b, res, sync | timing, clock.stepped(), versions)
             if run.too_many_skipped_updates(metrics):
@@ -547,8 +613,9 @@ class _Run:
                 "in_flight": []}  # fmt: skip
 
     def save_state(self, b) -> dict:
-        """What a checkpoint of this step carries for the driver: the producer's state and the totals."""
-        return b.state | {"totals": self.totals}
+        """What a checkpoint of this step carries for the driver: the producer's state, the totals and the
+        processes' peaks of memory."""
+        return b.state | {"totals": self.totals, "memory": self.stack.peaks.state_dict()}
 
     def _restore(self, ready: dict) -> int:
         """Go back to where the (re)started workers are: their checkpoint's step, with the data cursor,
@@ -662,6 +729,7 @@ class _Run:
                                           "sampled_by": [(g.get("replica"), g["policy_version"]) for g in b.generated]})  # fmt: skip
         self.tracker.log(metrics, step=self.step)
         self.exported.record(metrics, step=self.step)
+        (_local_dir(self.cfg) / memory.PEAKS_FILE).write_text(json.dumps(self.stack.peaks.state_dict()))
         self.pace.mark(self.step)
         self.live.update(started=time.time(), last=f"last step: reward {metrics['critic/score/mean']:+.3f} "
                                                    f"acc {metrics['rollout/acc_all_generated']:.1%}")  # fmt: skip
@@ -1021,12 +1089,18 @@ def _tracking_uri(cfg: Config) -> str:
     directory, else under ./runs/<name>/ on the driver's machine (object storage holds no database)."""
     if cfg.tracking.tracking_uri:
         return cfg.tracking.tracking_uri
-    out = cfg.trainer.output_dir
-    db_dir = Path("runs", storage.name(out)).resolve() if storage.is_uri(out) else Path(out)
-    db_dir.mkdir(parents=True, exist_ok=True)
-    if storage.is_uri(out):
+    db_dir = _local_dir(cfg)
+    if storage.is_uri(cfg.trainer.output_dir):
         log(f"MLflow: {db_dir / 'mlflow.db'} on the driver's machine (set tracking.tracking_uri for a server)")
     return f"sqlite:///{db_dir / 'mlflow.db'}"
+
+
+def _local_dir(cfg: Config) -> Path:
+    """trainer.output_dir when it is a directory, else ./runs/<name>/ on the driver's machine."""
+    out = cfg.trainer.output_dir
+    path = Path("runs", storage.name(out)).resolve() if storage.is_uri(out) else Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def _fit(trainer, errors: list) -> None:

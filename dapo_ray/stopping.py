@@ -15,6 +15,7 @@ and the run resumes from its last periodic checkpoint.
 
 from __future__ import annotations
 
+import _thread
 import signal
 import threading
 from collections.abc import Callable
@@ -28,6 +29,7 @@ class StopRequest:
     def __init__(self, log: Callable[[str], None]):
         self.log = log
         self.signal: str | None = None
+        self.at_once: KeyboardInterrupt | None = None
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> StopRequest:
@@ -41,7 +43,17 @@ class StopRequest:
             signal.signal(s, handler)
         self._previous.clear()
 
+    def stop_now(self, error: KeyboardInterrupt) -> None:
+        """From another thread: raise `error` in the main thread at once, wherever it is, as Ctrl-C would (a
+        Ray call waiting there raises a plain KeyboardInterrupt instead). Where nothing is installed it does
+        nothing: the run ends by itself."""
+        self.at_once = error
+        if self._previous:
+            _thread.interrupt_main(signal.SIGINT)
+
     def _handle(self, signum: int, frame) -> None:
+        if self.at_once is not None:
+            raise self.at_once
         name = signal.Signals(signum).name
         if self.signal is not None:
             raise KeyboardInterrupt(f"{name} after {self.signal}")

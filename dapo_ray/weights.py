@@ -298,6 +298,7 @@ class WeightStore:
         self.serials: dict[int, int] = {}  # version -> serial of its latest publish
         self.replicas: dict[str, tuple[int, int, float]] = {}  # replica -> (version, serial, time of last ack)
         self.load_s: dict[str, float] = {}  # replica -> seconds its latest load took
+        self.peak = 0.0  # GiB: the most memory a replica has held
         self.changed = asyncio.Condition()
 
     async def add_bucket(self, version: int, publish_id: int, index: int, count: int, ref_box: list) -> None:
@@ -355,11 +356,16 @@ class WeightStore:
             except TimeoutError:
                 pass
         return await self.latest()
-    async def ack(self, replica: str, version: int, serial: int, load_s: float = 0.0) -> None:
+    async def ack(self, replica: str, version: int, serial: int, load_s: float = 0.0, peak_gib: float = 0.0) -> None:
         async with self.changed:
             self.replicas[replica] = (version, serial, time.time())
             self.load_s[replica] = load_s
+            self.peak = max(self.peak, peak_gib)
             self.changed.notify_all()
+
+    async def peak_gib(self) -> float:
+        """The most memory any replica of the run has held (`memory.peak_rss_gib`, sent with its acks)."""
+        return self.peak
 
     async def load_times(self) -> dict[str, float]:
         """{replica: seconds its latest weight load took} for the live replicas."""

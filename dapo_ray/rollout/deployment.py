@@ -32,6 +32,7 @@ import ray
 from ray import serve
 
 from dapo_ray.config import RolloutConfig
+from dapo_ray.memory import peak_rss_gib
 from dapo_ray.placement import replica_options
 from dapo_ray.progress import QUIET_ENV, quiet_libraries
 from dapo_ray.ray_metrics import ReplicaMetrics
@@ -118,7 +119,7 @@ class RolloutServer:
                         self.load_s = time.perf_counter() - t0
                         self.metrics.loaded(version, self.load_s)
                     self.serial = serial
-        await self.store.ack.remote(self.replica_id, self.engine.version, self.serial, self.load_s)
+        await self.store.ack.remote(self.replica_id, self.engine.version, self.serial, self.load_s, peak_rss_gib())
         return self.engine.version
 
     async def _prefetch(self, version: int, serial: int) -> None:

@@ -25,6 +25,7 @@ import torch
 
 from dapo_ray.algo import POLICY_LOSSES, behaviour_logprobs, rollout_is_weights
 from dapo_ray.config import Config
+from dapo_ray.memory import peak_rss_gib
 from dapo_ray.progress import quiet_libraries
 from dapo_ray.ray_metrics import TrainerMetrics, run_name
 from dapo_ray.trainer import collective
@@ -541,8 +542,10 @@ def train_loop(params: dict) -> None:
         t1 = time.time()
         sync_s, sync_bytes = publish_weights(engine, step, store, cfg, rank, world)
         sync_bytes = int(collective.all_reduce(torch.tensor([float(sync_bytes)], dtype=torch.float64), engine.device).item())  # checked: collective.all_reduce copies it to the engine's device first
+        peak = collective.all_reduce(torch.tensor([peak_rss_gib()], dtype=torch.float64), engine.device, op="max").item()  # checked: collective.all_reduce copies it to the engine's device first
         metrics |= {"step": step, "timing/weight_sync_s": time.time() - t1 if rank == 0 else 0.0,
-                    "weight_sync/bytes": sync_bytes, "weight_sync/publish_s": sync_s}  # fmt: skip
+                    "weight_sync/bytes": sync_bytes, "weight_sync/publish_s": sync_s,
+                    "memory/trainer_peak_gib": peak}  # fmt: skip
         if params.get("probe_ids"):  # every rank runs it: under ZeRO-3 a forward is a collective
             with torch.no_grad():
                 engine.eval()
