@@ -78,6 +78,9 @@ METRICS: dict[str, str] = {
     "weight_sync/load_s": "seconds the slowest replica's latest load took (engine thread queueing included); the part of wait_s spent loading",
     "weight_sync/logprob_max_diff": "max |engine - trainer| log-prob of a fixed probe sequence after the step's sync",
     "weight_sync/replicas": "replicas serving the new version",
+    "memory/driver_peak_gib": "GiB of resident memory the driver has held at most",
+    "memory/replica_peak_gib": "GiB of resident memory a rollout replica (with its engine core's process) has held at most",
+    "memory/trainer_peak_gib": "GiB of resident memory a trainer worker (the largest rank) has held at most",
     # timing
     "timing/generate_s": "seconds filling this step's batch (rollout, scoring, filter); may overlap training",
     "timing/wait_batch_s": "seconds the step waited for its batch (0 when generated during the previous step), with any batches before it that held nothing to train on",
