@@ -47,21 +47,22 @@ def process_kind(class_name: str) -> str:
     return f"a Ray process ({class_name})"
 
 
-def peak_rss_gib() -> float:
-    """The most this process has held in resident memory (the kernel's count), plus what its child processes
-    hold now (a replica's vLLM engine core, when it runs in a process of its own)."""
+def peak_rss_gib(children: bool = False) -> float:
+    """The most this process has held in resident memory (the kernel's count), plus, with `children`, what
+    its child processes hold now (a replica's vLLM engine core, when it runs in a process of its own). Not
+    for the driver: the local Ray cluster it starts (GCS, raylet and every worker) are its children."""
     import resource
 
     import psutil
 
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    children = 0
-    for child in psutil.Process().children(recursive=True):
+    held = 0
+    for child in psutil.Process().children(recursive=True) if children else ():
         try:
-            children += child.memory_info().rss
+            held += child.memory_info().rss
         except psutil.Error:  # gone meanwhile
             pass
-    return (own + children) / GIB
+    return (own + held) / GIB
 
 
 class Peaks:

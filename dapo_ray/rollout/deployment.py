@@ -119,7 +119,7 @@ class RolloutServer:
                         self.load_s = time.perf_counter() - t0
                         self.metrics.loaded(version, self.load_s)
                     self.serial = serial
-        await self.store.ack.remote(self.replica_id, self.engine.version, self.serial, self.load_s, peak_rss_gib())
+        await self.store.ack.remote(self.replica_id, self.engine.version, self.serial, self.load_s, peak_rss_gib(children=True))
         return self.engine.version
 
     async def _prefetch(self, version: int, serial: int) -> None:
