@@ -209,7 +209,7 @@ def message(kill: Kill, more: int, peaks: Peaks, checkpoint_step: int | None, co
       To resume from the checkpoint of step 10, run the same command again: dapo-ray demo
       The error in full: runs/demo/error.log
     """
-    held = f", holding {kill.held_gib:.1f} GiB" if kill.held_gib is not None else ""
+    held = f", holding {kill.held_gib:.{1 if kill.held_gib >= 1 else 2}f} GiB" if kill.held_gib is not None else ""
     others = f" ({more} more of the run's processes after it)" if more else ""
     lines = [f"dapo-ray: out of memory. {kill.by} stopped {kill.process} (pid {kill.pid}{held}) on {kill.node}{others}."]
     if kill.used_gib is not None and kill.total_gib is not None:
