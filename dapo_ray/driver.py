@@ -283,7 +283,8 @@ class Stack:
         self._put([{"minis": s, "save": save_state} for s in shards])
         res = self.next_result("step")
         if res["kind"] == "step":
-            self.checkpoint_step = res["step"] if save_state is not None else self.checkpoint_step
+            if save_state is not None:
+                self.checkpoint_step = res["step"]
             self.peaks.record("trainer worker", res.get("memory/trainer_peak_gib"))
             self.peaks.record("rollout replica", self._ray.get(self.store.peak_gib.remote()))
             self.peaks.record("driver", memory.peak_rss_gib())

@@ -35,7 +35,7 @@ from ray.autoscaler.tags import (
 )
 
 HEAD_NODE_ID = "f" * 51 + "00000"  # Ray node ids are 28 bytes; the autoscaler matches them to instance ids
-PRIVATE_MOUNTS = ("/tmp", "/dev/shm")
+PRIVATE_MOUNTS = ("/tmp", "/dev/shm")  # checked: mount points the provider hides from each node it starts on this machine; no actor reads them
 # Prefix of a command that runs it in a new mount namespace with fresh, empty tmpfs on PRIVATE_MOUNTS.
 UNSHARE = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
            " && ".join(f"mount -t tmpfs tmpfs {m}" for m in PRIVATE_MOUNTS) + ' && exec "$@"', "sh"]  # fmt: skip
